@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/* Socket look-ups and hand-off (bpf_sk_assign): TPROXY semantics at TC. */
+#pragma once
+
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+#include "parse.h"
+
+#ifndef BPF_F_CURRENT_NETNS
+#define BPF_F_CURRENT_NETNS (-1L)
+#endif
+
+/* Builds a lookup tuple from the packet, with the destination replaced by
+ * daddr:dport (both network byte order). Returns the tuple's size. */
+static __always_inline __u32 tuple_build(struct bpf_sock_tuple *t, const struct flow *f,
+					 const __u32 *daddr, __be16 dport)
+{
+	__builtin_memset(t, 0, sizeof(*t));
+	if (f->family == AF_INET) {
+		t->ipv4.saddr = f->saddr[0];
+		t->ipv4.daddr = daddr[0];
+		t->ipv4.sport = f->sport;
+		t->ipv4.dport = dport;
+		return sizeof(t->ipv4);
+	}
+	__builtin_memcpy(t->ipv6.saddr, f->saddr, 16);
+	__builtin_memcpy(t->ipv6.daddr, daddr, 16);
+	t->ipv6.sport = f->sport;
+	t->ipv6.dport = dport;
+	return sizeof(t->ipv6);
+}
+
+/*
+ * The socket that owns the packet's flow as its receiver: an established,
+ * request (SYN_RECV), SYN_SENT or TIME_WAIT socket whose local end is the
+ * packet's destination. The kernel's socket table is the connection state,
+ * so no flow map is kept. Listeners are not owners (the listener look-up
+ * falls back to any socket listening on the destination port).
+ */
+static __always_inline struct bpf_sock *owner_lookup(struct __sk_buff *skb, const struct flow *f)
+{
+	struct bpf_sock_tuple t;
+	__u32 len = tuple_build(&t, f, f->daddr, f->dport);
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+
+	if (sk && sk->state == BPF_TCP_LISTEN) {
+		bpf_sk_release(sk);
+		return 0;
+	}
+	return sk;
+}
+
+/* The TCP listener on daddr:port (host byte order port), if any. */
+static __always_inline struct bpf_sock *listener_lookup(struct __sk_buff *skb, const struct flow *f,
+							const __u32 *daddr, __u16 port)
+{
+	struct bpf_sock_tuple t;
+	__u32 len = tuple_build(&t, f, daddr, bpf_htons(port));
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+
+	if (sk && sk->state != BPF_TCP_LISTEN) {
+		bpf_sk_release(sk);
+		return 0;
+	}
+	return sk;
+}
+
+/* The UDP socket bound to daddr:port, if any. */
+static __always_inline struct bpf_sock *udp_lookup(struct __sk_buff *skb, const struct flow *f,
+						   const __u32 *daddr, __u16 port)
+{
+	struct bpf_sock_tuple t;
+	__u32 len = tuple_build(&t, f, daddr, bpf_htons(port));
+
+	return bpf_sk_lookup_udp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+}
+
+/* Hands skb to sk and releases the reference. 0 on success. */
+static __always_inline long assign_release(struct __sk_buff *skb, struct bpf_sock *sk)
+{
+	long ret = bpf_sk_assign(skb, sk, 0);
+
+	bpf_sk_release(sk);
+	return ret;
+}

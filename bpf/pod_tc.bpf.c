@@ -1,0 +1,325 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * sluice's in-pod programs: the BPF counterpart of Istio ambient's in-pod
+ * netfilter rules (../shared/spec/redirection.md, rules 1-9).
+ *
+ *   app ──▶ eth0 egress (pod_egress) ─┐ decide; tag the mark; DNS: DNAT
+ *                                     │ bpf_redirect(eth0, BPF_F_INGRESS)
+ *           eth0 ingress (pod_ingress)◀┘ look up the proxy socket,
+ *                                       bpf_sk_assign, return mark
+ *   proxy DNS answer ──▶ lo egress (pod_lo_egress): source back to resolver
+ *
+ * One set of programs serves every pod; the netns cookie selects the pod's
+ * settings and counters.
+ */
+#include <linux/bpf.h>
+#include <linux/pkt_cls.h>
+#include <linux/if_packet.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#include "lib/maps.h"
+#include "lib/parse.h"
+#include "lib/nat.h"
+#include "lib/sock.h"
+#include "lib/pod.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+struct ctx {
+	struct __sk_buff *skb;
+	const struct sluice_settings *cfg;
+	const struct sluice_pod_config *pod;
+	__u64 cookie;
+	struct flow f;
+};
+
+static __always_inline int pass(struct ctx *c)
+{
+	SLUICE_COUNT(c->cookie, passed_pkts);
+	return TC_ACT_OK;
+}
+
+static __always_inline int drop(struct ctx *c)
+{
+	SLUICE_COUNT(c->cookie, dropped_pkts);
+	return TC_ACT_SHOT;
+}
+
+static __always_inline int is_probe_addr(const struct ctx *c, const __u32 *a)
+{
+	if (c->f.family == AF_INET)
+		return a[0] == c->cfg->probe_v4;
+	return addr_eq(a, (const __u32 *)c->cfg->probe_v6, AF_INET6);
+}
+
+static __always_inline int is_reroute_iface(const struct ctx *c)
+{
+	__u32 ifindex = c->skb->ifindex;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < SLUICE_MAX_REROUTE_IFACES; i++) {
+		if (i >= c->pod->reroute_count)
+			break;
+		if (c->pod->reroute_ifindex[i] == ifindex)
+			return 1;
+	}
+	return 0;
+}
+
+/* Sends the packet back in through the ingress hook of the interface it
+ * is leaving by; the tag tells pod_ingress what was decided. */
+static __always_inline int loop_to_ingress(struct ctx *c, enum sluice_tag tag)
+{
+	c->skb->mark = SLUICE_TAG_MAGIC | tag;
+	return bpf_redirect(c->skb->ifindex, BPF_F_INGRESS);
+}
+
+static __always_inline void dns_nat_key(const struct ctx *c, struct sluice_dns_nat_key *k,
+					const __u32 *client, __be16 client_port)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->netns_cookie = c->cookie;
+	__builtin_memcpy(k->client_addr, client, 16);
+	k->client_port = client_port;
+	k->family = c->f.family;
+	k->proto = c->f.proto;
+}
+
+/*
+ * Rules 2 and 3. The DNS listener is bound to 127.0.0.1 / ::1 and not
+ * transparent, so handing it the packet unchanged is not enough: a TCP
+ * handshake from a foreign address would not complete. The query is
+ * translated to the pod's own address (the packet's source) and the DNS
+ * port, and the resolver's address is recorded so pod_lo_egress can give
+ * it back to the answer.
+ */
+static __always_inline int capture_dns(struct ctx *c, enum sluice_tag tag)
+{
+	struct sluice_dns_nat_key k;
+	struct sluice_dns_nat_value v = {};
+	__u32 self[4];
+
+	dns_nat_key(c, &k, c->f.saddr, c->f.sport);
+	__builtin_memcpy(v.resolver_addr, c->f.daddr, 16);
+	v.resolver_port = c->f.dport;
+	if (bpf_map_update_elem(&dns_nat, &k, &v, BPF_ANY) < 0)
+		return drop(c);
+	__builtin_memcpy(self, c->f.saddr, 16);
+	if (nat_rewrite_addr(c->skb, &c->f, 0, self) < 0 ||
+	    nat_rewrite_port(c->skb, &c->f, 0, bpf_htons(c->cfg->dns_port)) < 0)
+		return drop(c);
+	return loop_to_ingress(c, tag);
+}
+
+/* A later packet of a TCP DNS connection captured at its SYN. */
+static __always_inline int dns_tcp_is_captured(struct ctx *c)
+{
+	struct sluice_dns_nat_key k;
+	struct sluice_dns_nat_value *v;
+
+	dns_nat_key(c, &k, c->f.saddr, c->f.sport);
+	v = bpf_map_lookup_elem(&dns_nat, &k);
+	return v && v->resolver_port == c->f.dport &&
+	       addr_eq((const __u32 *)v->resolver_addr, c->f.daddr, c->f.family);
+}
+
+static __always_inline int egress_tcp(struct ctx *c)
+{
+	struct bpf_sock *sk;
+
+	/* Rule 5: loopback never leaves by a non-lo interface, but a
+	 * misrouted one is not ours either. */
+	if (addr_is_loopback(c->f.daddr, c->f.family) || is_probe_addr(c, c->f.daddr))
+		return pass(c);
+
+	if (c->f.dport == bpf_htons(53) && (c->pod->flags & SLUICE_POD_DNS_CAPTURE)) {
+		if (flow_is_syn(&c->f))
+			return capture_dns(c, SLUICE_TAG_DNS_TCP); /* rule 2 */
+		if (dns_tcp_is_captured(c))
+			return capture_dns(c, SLUICE_TAG_OWNED);
+	}
+	if (flow_is_syn(&c->f))
+		return loop_to_ingress(c, SLUICE_TAG_OUTBOUND); /* rule 1 */
+
+	/* Rules 1 and 4 for every later packet: a local socket owns the flow
+	 * as its receiver only if the proxy accepted it (outbound) or opened
+	 * it with the client's address (the spoofed return path). */
+	sk = owner_lookup(c->skb, &c->f);
+	if (!sk)
+		return pass(c);
+	bpf_sk_release(sk);
+	return loop_to_ingress(c, SLUICE_TAG_OWNED);
+}
+
+SEC("tc")
+int pod_egress(struct __sk_buff *skb)
+{
+	struct ctx c = { .skb = skb };
+
+	c.cfg = settings_get();
+	if (!c.cfg)
+		return TC_ACT_OK;
+	c.cookie = pod_cookie(skb);
+	c.pod = bpf_map_lookup_elem(&pod_config, &c.cookie);
+	if (!c.pod)
+		return TC_ACT_OK;
+	/* Rule 5: the proxy's own traffic. */
+	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
+		return pass(&c);
+	if (parse_flow(skb, &c.f) != PARSE_OK)
+		return pass(&c);
+
+	if (c.f.proto == IPPROTO_TCP)
+		return egress_tcp(&c);
+	if (c.f.dport == bpf_htons(53) && (c.pod->flags & SLUICE_POD_DNS_CAPTURE))
+		return capture_dns(&c, SLUICE_TAG_DNS_UDP); /* rule 3 */
+	return pass(&c);
+}
+
+/* Hands a new connection to the TCP listener on port, with TPROXY
+ * semantics: the headers stay, so the accepted socket's local address is
+ * the original destination. No listener: fail closed. */
+static __always_inline int to_listener(struct ctx *c, const __u32 *daddr, __u16 port)
+{
+	struct bpf_sock *sk = listener_lookup(c->skb, &c->f, daddr, port);
+
+	if (!sk || assign_release(c->skb, sk) < 0)
+		return drop(c);
+	/* Policy routing delivers a packet with the return mark locally, so a
+	 * foreign destination is accepted. */
+	c->skb->mark = c->cfg->return_mark;
+	return TC_ACT_OK;
+}
+
+/* A packet pod_egress looped back: hand it to the proxy socket chosen. */
+static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
+{
+	struct bpf_sock *sk;
+	__u32 lo[4];
+
+	/* After the redirect the packet still carries the gateway's MAC and
+	 * would be dropped as PACKET_OTHERHOST before IP input. */
+	bpf_skb_change_type(c->skb, PACKET_HOST);
+	c->skb->mark = c->cfg->return_mark;
+	if (parse_flow(c->skb, &c->f) != PARSE_OK)
+		return drop(c);
+
+	if (tag == SLUICE_TAG_DNS_UDP) {
+		if (c->f.proto != IPPROTO_UDP)
+			return drop(c);
+		addr_set_loopback(lo, c->f.family);
+		sk = udp_lookup(c->skb, &c->f, lo, c->cfg->dns_port);
+		if (!sk || assign_release(c->skb, sk) < 0)
+			return drop(c);
+		SLUICE_COUNT(c->cookie, dns_udp_queries);
+		return TC_ACT_OK;
+	}
+	if (c->f.proto != IPPROTO_TCP)
+		return drop(c);
+
+	/* Retransmitted SYNs and every later packet go to the socket that
+	 * owns the flow (request, established or time-wait socket). */
+	sk = owner_lookup(c->skb, &c->f);
+	if (sk) {
+		if (assign_release(c->skb, sk) < 0)
+			return drop(c);
+		SLUICE_COUNT(c->cookie, owned_pkts);
+		return TC_ACT_OK;
+	}
+	if (!flow_is_syn(&c->f))
+		return drop(c); /* its proxy socket is gone: never leak it */
+
+	if (tag == SLUICE_TAG_DNS_TCP) {
+		addr_set_loopback(lo, c->f.family);
+		if (to_listener(c, lo, c->cfg->dns_port) != TC_ACT_OK)
+			return TC_ACT_SHOT;
+		SLUICE_COUNT(c->cookie, dns_tcp_conns);
+		return TC_ACT_OK;
+	}
+	if (tag == SLUICE_TAG_OUTBOUND) {
+		if (to_listener(c, c->f.daddr, c->cfg->outbound_port) != TC_ACT_OK)
+			return TC_ACT_SHOT;
+		SLUICE_COUNT(c->cookie, outbound_conns);
+		return TC_ACT_OK;
+	}
+	return drop(c);
+}
+
+SEC("tc")
+int pod_ingress(struct __sk_buff *skb)
+{
+	struct ctx c = { .skb = skb };
+	__u32 mark = skb->mark;
+
+	c.cfg = settings_get();
+	if (!c.cfg)
+		return TC_ACT_OK;
+	c.cookie = pod_cookie(skb);
+	c.pod = bpf_map_lookup_elem(&pod_config, &c.cookie);
+	if (!c.pod)
+		return TC_ACT_OK;
+
+	/* Only pod_egress sets the tag: the kernel clears skb->mark when a
+	 * packet crosses into this netns, so a real inbound packet has none. */
+	if ((mark & SLUICE_TAG_MASK) == SLUICE_TAG_MAGIC)
+		return ingress_looped(&c, mark & ~SLUICE_TAG_MASK);
+
+	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.proto != IPPROTO_TCP)
+		return pass(&c); /* rule 9 */
+	/* Rule 6: only connection set-up is captured; every later packet goes
+	 * to the socket that owns its connection. */
+	if (!flow_is_syn(&c.f))
+		return pass(&c);
+
+	/* Virtual interfaces: TCP arriving there is outbound traffic. */
+	if (c.pod->reroute_count && is_reroute_iface(&c)) {
+		if (to_listener(&c, c.f.daddr, c.cfg->outbound_port) != TC_ACT_OK)
+			return TC_ACT_SHOT;
+		SLUICE_COUNT(c.cookie, outbound_conns);
+		return TC_ACT_OK;
+	}
+	if (!(c.pod->flags & SLUICE_POD_INBOUND_CAPTURE) ||
+	    c.f.dport == bpf_htons(c.cfg->hbone_port) ||        /* rule 7 */
+	    is_probe_addr(&c, c.f.saddr) ||                       /* rule 8 */
+	    addr_is_loopback(c.f.daddr, c.f.family))
+		return pass(&c);
+	if (to_listener(&c, c.f.daddr, c.cfg->inbound_port) != TC_ACT_OK) /* rule 6 */
+		return TC_ACT_SHOT;
+	SLUICE_COUNT(c.cookie, inbound_conns);
+	return TC_ACT_OK;
+}
+
+/* Rules 2 and 3, the answer: on lo, where the DNS listener's replies to the
+ * pod's own address pass, give them back the resolver's address and port. */
+SEC("tc")
+int pod_lo_egress(struct __sk_buff *skb)
+{
+	struct ctx c = { .skb = skb };
+	struct sluice_dns_nat_key k;
+	struct sluice_dns_nat_value *v;
+	__u32 resolver[4];
+
+	c.cfg = settings_get();
+	if (!c.cfg)
+		return TC_ACT_OK;
+	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.sport != bpf_htons(c.cfg->dns_port))
+		return TC_ACT_OK;
+	c.cookie = pod_cookie(skb);
+	dns_nat_key(&c, &k, c.f.daddr, c.f.dport);
+	v = bpf_map_lookup_elem(&dns_nat, &k);
+	if (!v)
+		return TC_ACT_OK;
+	/* Only the DNS listener's answers: UDP from the loopback address it is
+	 * bound to, TCP from the pod address the query was translated to. */
+	if (!addr_is_loopback(c.f.saddr, c.f.family) &&
+	    !addr_eq(c.f.saddr, c.f.daddr, c.f.family))
+		return TC_ACT_OK;
+	__builtin_memcpy(resolver, v->resolver_addr, 16);
+	if (nat_rewrite_addr(skb, &c.f, 1, resolver) < 0 ||
+	    nat_rewrite_port(skb, &c.f, 1, v->resolver_port) < 0)
+		return TC_ACT_SHOT;
+	SLUICE_COUNT(c.cookie, dns_answers);
+	return TC_ACT_OK;
+}

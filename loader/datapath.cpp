@@ -1,0 +1,488 @@
+#include "loader/datapath.h"
+
+#include <arpa/inet.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <functional>
+#include <set>
+
+#include "loader/bpffs.h"
+#include "loader/netlink.h"
+#include "loader/netns.h"
+#include "loader/sysctl.h"
+
+namespace sluice {
+
+namespace {
+
+/// Undo steps, run in reverse unless committed.
+class Rollback {
+ public:
+  ~Rollback() { run(); }
+  void add(std::function<void()> step) { steps_.push_back(std::move(step)); }
+  void commit() { steps_.clear(); }
+  void run() {
+    for (auto it = steps_.rbegin(); it != steps_.rend(); ++it) (*it)();
+    steps_.clear();
+  }
+
+ private:
+  std::vector<std::function<void()>> steps_;
+};
+
+// Interfaces with no Ethernet header at TC (L3 tunnels): the programs parse
+// from an Ethernet header, so they are not attached there.
+bool isL3OnlyKind(const std::string& kind) {
+  static const std::set<std::string> kinds = {"ipip", "sit", "ip6tnl", "gre", "ip6gre", "wireguard", "vti", "vti6", "tun"};
+  return kinds.count(kind) > 0;
+}
+
+void copyString(char* dst, size_t cap, const std::string& s) {
+  std::memset(dst, 0, cap);
+  std::memcpy(dst, s.data(), std::min(s.size(), cap - 1));
+}
+
+std::string fromFixed(const char* s, size_t cap) { return std::string(s, strnlen(s, cap)); }
+
+sluice_pod_id podKey(const std::string& id) {
+  sluice_pod_id k{};
+  copyString(k.id, sizeof(k.id), id);
+  return k;
+}
+
+PolicyRule returnRule(const Settings& s, int family) {
+  return PolicyRule{family, s.returnMark, s.markMask, SLUICE_RULE_PRIORITY, SLUICE_ROUTE_TABLE};
+}
+
+std::string acceptLocalSysctl(const std::string& ifname) { return "net/ipv4/conf/" + ifname + "/accept_local"; }
+
+bool sameConfig(const sluice_pod_config& a, const sluice_pod_config& b) {
+  if (a.flags != b.flags || a.reroute_count != b.reroute_count) return false;
+  for (uint32_t i = 0; i < a.reroute_count && i < SLUICE_MAX_REROUTE_IFACES; i++)
+    if (a.reroute_ifindex[i] != b.reroute_ifindex[i]) return false;
+  return true;
+}
+
+std::string describeConfig(const PodInfo& p) {
+  std::string s = std::string("dns-capture ") + (p.dnsCapture ? "on" : "off") + ", inbound-capture " +
+                  (p.inboundCapture ? "on" : "off");
+  for (const auto& r : p.rerouteIfaces) s += ", reroute-iface " + r;
+  return s;
+}
+
+uint64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+Result<sluice_settings> encodeSettings(const Settings& s) {
+  sluice_settings out{};
+  out.outbound_port = s.outboundPort;
+  out.inbound_port = s.inboundPort;
+  out.hbone_port = s.hbonePort;
+  out.dns_port = s.dnsPort;
+  out.proxy_mark = s.proxyMark;
+  out.return_mark = s.returnMark;
+  out.mark_mask = s.markMask;
+  if (!s.outboundPort || !s.inboundPort || !s.hbonePort || !s.dnsPort)
+    return Error::msg("settings: ports must be non-zero", EINVAL);
+  if ((s.proxyMark & ~s.markMask) || (s.returnMark & ~s.markMask) || s.proxyMark == s.returnMark)
+    return Error::msg("settings: proxy and return marks must differ and lie within the mark mask", EINVAL);
+  if ((s.markMask & SLUICE_TAG_MASK) != 0)
+    return Error::msg("settings: mark mask overlaps sluice's internal tag bits 0xffff0000", EINVAL);
+  if (inet_pton(AF_INET, s.probeV4.c_str(), &out.probe_v4) != 1)
+    return Error::msg("settings: invalid IPv4 probe address '" + s.probeV4 + "'", EINVAL);
+  if (inet_pton(AF_INET6, s.probeV6.c_str(), out.probe_v6) != 1)
+    return Error::msg("settings: invalid IPv6 probe address '" + s.probeV6 + "'", EINVAL);
+  return out;
+}
+
+std::string defaultPodId(const std::string& netnsPath) {
+  std::string p = netnsPath;
+  while (p.size() > 1 && p.back() == '/') p.pop_back();
+  // /proc/PID/ns/net and /proc/PID/task/TID/ns/net all end in "net".
+  if (p.rfind("/proc/", 0) == 0 && p.size() > 7 && p.compare(p.size() - 7, 7, "/ns/net") == 0) {
+    std::string rest = p.substr(6, p.size() - 13);
+    std::string pid = rest.substr(0, rest.find('/'));
+    if (!pid.empty() && std::all_of(pid.begin(), pid.end(), ::isdigit)) return "pid-" + pid;
+  }
+  auto slash = p.find_last_of('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
+Status validatePodId(const std::string& id) {
+  if (id.empty()) return Error::msg("pod id is empty", EINVAL);
+  if (id.size() >= SLUICE_ID_LEN)
+    return Error::msg("pod id '" + id + "' is longer than " + std::to_string(SLUICE_ID_LEN - 1) + " characters", EINVAL);
+  for (char c : id)
+    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
+      return Error::msg("pod id '" + id + "' has characters other than A-Z a-z 0-9 . _ -", EINVAL);
+  return {};
+}
+
+PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
+  PodInfo p;
+  p.id = id;
+  p.netnsPath = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  p.netnsCookie = rec.netns_cookie;
+  p.tcMode = rec.tc_mode == SLUICE_TC_LEGACY ? "legacy" : "tcx";
+  p.dnsCapture = rec.config.flags & SLUICE_POD_DNS_CAPTURE;
+  p.inboundCapture = rec.config.flags & SLUICE_POD_INBOUND_CAPTURE;
+  p.ipv6Routes = rec.routes & SLUICE_ROUTES_V6;
+  p.enrolledAtNs = rec.enrolled_at_ns;
+  for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
+    std::string name = fromFixed(rec.ifaces[i].name, sizeof(rec.ifaces[i].name));
+    p.interfaces.push_back(name);
+    for (uint32_t r = 0; r < rec.config.reroute_count && r < SLUICE_MAX_REROUTE_IFACES; r++)
+      if (rec.config.reroute_ifindex[r] == rec.ifaces[i].ifindex) p.rerouteIfaces.push_back(name);
+  }
+  return p;
+}
+
+Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options) {
+  auto wanted = encodeSettings(options.settings);
+  SLUICE_TRY(wanted);
+  SLUICE_TRY(ensureBpffsRoot(options.bpffsRoot));
+  auto lock = StateLock::acquire(options.bpffsRoot);
+  SLUICE_TRY(lock);
+  auto programs = PodPrograms::load(options.bpffsRoot);
+  SLUICE_TRY(programs);
+  auto current = (*programs)->settings.lookup(0);
+  bool fresh = !current || current->outbound_port == 0;
+  if (fresh) {
+    SLUICE_TRY((*programs)->settings.update(0, *wanted));
+    spdlog::info("wrote settings to {}/{}", options.bpffsRoot, SLUICE_PIN_SETTINGS);
+  } else if (std::memcmp(&*current, &*wanted, sizeof(*wanted)) != 0) {
+    if (!(*programs)->pods.keys().empty())
+      return Error::msg("settings differ from the ones pinned under " + options.bpffsRoot +
+                            " while pods are enrolled; remove the pods first",
+                        EBUSY);
+    SLUICE_TRY((*programs)->settings.update(0, *wanted));
+    spdlog::info("replaced settings in {}/{} (no pods enrolled)", options.bpffsRoot, SLUICE_PIN_SETTINGS);
+  }
+  return std::unique_ptr<Datapath>(new Datapath(options, std::move(*programs)));
+}
+
+std::string Datapath::linkDir(const std::string& id) const {
+  return options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR + "/" + id;
+}
+
+Result<std::string> Datapath::podIdForNetns(const std::string& netnsPath) {
+  auto ns = openNetns(netnsPath);
+  SLUICE_TRY(ns);
+  uint64_t cookie = 0;
+  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
+    auto c = currentNetnsCookie();
+    SLUICE_TRY(c);
+    cookie = *c;
+    return {};
+  }));
+  for (const auto& key : programs_->pods.keys()) {
+    auto rec = programs_->pods.lookup(key);
+    if (rec && rec->netns_cookie == cookie) return fromFixed(key.id, sizeof(key.id));
+  }
+  return Error::msg("netns " + netnsPath + " is not enrolled", ENOENT);
+}
+
+Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
+  std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
+  SLUICE_TRY(validatePodId(id));
+  if (spec.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
+    return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " --reroute-iface", EINVAL);
+  auto ns = openNetns(spec.netnsPath);
+  SLUICE_TRY(ns);
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  SLUICE_TRY(lock);
+
+  const Settings& settings = options_.settings;
+  sluice_pod_record rec{};
+  copyString(rec.netns_path, sizeof(rec.netns_path), spec.netnsPath);
+  if (spec.netnsPath.size() >= sizeof(rec.netns_path))
+    return Error::msg("netns path is longer than " + std::to_string(sizeof(rec.netns_path) - 1) + " characters", EINVAL);
+  auto ino = netnsInode(ns->get());
+  SLUICE_TRY(ino);
+  rec.netns_ino = *ino;
+  rec.enrolled_at_ns = nowNs();
+  rec.config.flags = (spec.dnsCapture ? SLUICE_POD_DNS_CAPTURE : 0) | (spec.inboundCapture ? SLUICE_POD_INBOUND_CAPTURE : 0);
+  copyString(rec.config.id, sizeof(rec.config.id), id);
+
+  TcMode mode = options_.tcMode;
+  std::string pinDir = linkDir(id);
+  auto existing = programs_->pods.lookup(podKey(id));
+  bool alreadyEnrolled = false;
+  auto knownPods = programs_->pods.keys();
+
+  // Everything in the pod's netns happens on one thread that entered it;
+  // on failure the steps done so far are undone on that same thread.
+  Status inNs = runInNetns(ns->get(), [&]() -> Status {
+    auto cookie = currentNetnsCookie();
+    SLUICE_TRY(cookie);
+    rec.netns_cookie = *cookie;
+    auto links = listLinks();
+    SLUICE_TRY(links);
+    std::vector<LinkInfo> attachTo;
+    for (const auto& l : *links) {
+      if (l.loopback) {
+        rec.lo_ifindex = l.ifindex;
+        continue;
+      }
+      if (isL3OnlyKind(l.kind)) {
+        spdlog::warn("pod {}: not attaching to {} ({} has no Ethernet header)", id, l.name, l.kind);
+        continue;
+      }
+      attachTo.push_back(l);
+    }
+    for (const auto& name : spec.rerouteIfaces) {
+      auto it = std::find_if(attachTo.begin(), attachTo.end(), [&](const LinkInfo& l) { return l.name == name; });
+      if (it == attachTo.end())
+        return Error::msg("reroute interface '" + name + "' not found in netns " + spec.netnsPath, ENODEV);
+      rec.config.reroute_ifindex[rec.config.reroute_count++] = it->ifindex;
+    }
+
+    // Same id or same netns already enrolled?
+    if (existing) {
+      PodInfo have = podInfoFromRecord(id, *existing);
+      if (existing->netns_cookie != rec.netns_cookie)
+        return Error::msg("pod id '" + id + "' is already enrolled for another netns (" + have.netnsPath + ")", EEXIST);
+      if (!sameConfig(existing->config, rec.config))
+        return Error::msg("pod '" + id + "' is already enrolled with other settings (" + describeConfig(have) +
+                              "); remove it first",
+                          EEXIST);
+      alreadyEnrolled = true;
+      return {};
+    }
+    for (const auto& key : knownPods) {
+      auto other = programs_->pods.lookup(key);
+      if (other && other->netns_cookie == rec.netns_cookie)
+        return Error::msg("netns " + spec.netnsPath + " is already enrolled as pod '" +
+                              fromFixed(key.id, sizeof(key.id)) + "'",
+                          EEXIST);
+    }
+    if (attachTo.empty()) return Error::msg("netns " + spec.netnsPath + " has no non-loopback interface to attach to", ENODEV);
+    if (attachTo.size() > SLUICE_MAX_POD_IFACES)
+      return Error::msg("netns " + spec.netnsPath + " has more than " + std::to_string(SLUICE_MAX_POD_IFACES) + " interfaces", E2BIG);
+    if (!rec.lo_ifindex) return Error::msg("netns " + spec.netnsPath + " has no loopback interface", ENODEV);
+
+    Rollback undo;
+    // A looped-back outbound packet arrives with the pod's own address as
+    // source: without accept_local the stack drops it as a martian.
+    for (const auto& l : attachTo) {
+      auto& slot = rec.ifaces[rec.iface_count++];
+      copyString(slot.name, sizeof(slot.name), l.name);
+      slot.ifindex = l.ifindex;
+      slot.accept_local_before = -1;
+      auto before = readSysctl(acceptLocalSysctl(l.name));
+      SLUICE_TRY(before);
+      if (*before != "1") {
+        SLUICE_TRY(writeSysctl(acceptLocalSysctl(l.name), "1"));
+        slot.accept_local_before = std::stoi(*before);
+        std::string name = l.name, prev = *before;
+        undo.add([name, prev] { (void)writeSysctl(acceptLocalSysctl(name), prev); });
+      }
+    }
+
+    // Policy routing: packets with the return mark are delivered locally.
+    auto v6 = ipv6EnabledOnLoopback();
+    SLUICE_TRY(v6);
+    std::vector<int> families = {AF_INET};
+    if (*v6) families.push_back(AF_INET6);
+    for (int family : families) {
+      auto exists = policyRuleExists(returnRule(settings, family));
+      SLUICE_TRY(exists);
+      SLUICE_TRY(addPolicyRule(returnRule(settings, family)));
+      if (!*exists) undo.add([&settings, family] { (void)deletePolicyRule(returnRule(settings, family)); });
+      SLUICE_TRY(addLocalDefaultRoute(family, SLUICE_ROUTE_TABLE, rec.lo_ifindex));
+      int lo = rec.lo_ifindex;
+      undo.add([family, lo] { (void)deleteLocalDefaultRoute(family, SLUICE_ROUTE_TABLE, lo); });
+      rec.routes |= family == AF_INET ? SLUICE_ROUTES_V4 : SLUICE_ROUTES_V6;
+    }
+
+    // Attachments. The programs pass everything until the pod's config is
+    // in the map, so attaching before it is safe.
+    struct Attach {
+      int ifindex;
+      std::string name;
+      TcHook hook;
+      int progFd;
+      sluice_pod_iface* slot;
+    };
+    std::vector<Attach> attaches;
+    for (uint32_t i = 0; i < rec.iface_count; i++) {
+      auto& slot = rec.ifaces[i];
+      std::string name = fromFixed(slot.name, sizeof(slot.name));
+      attaches.push_back({static_cast<int>(slot.ifindex), name, TcHook::Ingress, programs_->ingressFd(), &slot});
+      attaches.push_back({static_cast<int>(slot.ifindex), name, TcHook::Egress, programs_->egressFd(), &slot});
+    }
+    attaches.push_back({static_cast<int>(rec.lo_ifindex), "lo", TcHook::Egress, programs_->loEgressFd(), nullptr});
+
+    if (mode != TcMode::Legacy) {
+      if (::mkdir((options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR).c_str(), 0700) != 0 && errno != EEXIST)
+        return Error::fromErrno(errno, "mkdir " + options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR);
+      if (::mkdir(pinDir.c_str(), 0700) != 0 && errno != EEXIST) return Error::fromErrno(errno, "mkdir " + pinDir);
+      undo.add([pinDir] { (void)removeTree(pinDir); });
+    }
+    for (const auto& a : attaches) {
+      if (mode != TcMode::Legacy) {
+        std::string pin = pinDir + "/" + a.name + "_" + tcHookName(a.hook);
+        Status st = attachTcx(a.ifindex, a.hook, a.progFd, pin);
+        if (!st.ok() && st.error().code == EOPNOTSUPP && mode == TcMode::Auto && attaches.front().ifindex == a.ifindex &&
+            a.hook == TcHook::Ingress) {
+          spdlog::info("kernel has no tcx; attaching with clsact + cls_bpf");
+          mode = TcMode::Legacy;
+        } else {
+          SLUICE_TRY(st);
+          undo.add([pin] { (void)detachTcx(pin); });
+          continue;
+        }
+      }
+      auto created = attachLegacy(a.ifindex, a.hook, a.progFd);
+      SLUICE_TRY(created);
+      if (a.slot && *created) a.slot->created_clsact = 1;
+      bool destroy = *created;
+      int ifindex = a.ifindex;
+      TcHook hook = a.hook;
+      undo.add([ifindex, hook, destroy] { (void)detachLegacy(ifindex, hook, destroy); });
+    }
+    rec.tc_mode = mode == TcMode::Legacy ? SLUICE_TC_LEGACY : SLUICE_TC_TCX;
+    undo.commit();
+    return {};
+  });
+  SLUICE_TRY(inNs);
+  if (alreadyEnrolled) {
+    spdlog::info("pod {} is already enrolled with these settings", id);
+    return podInfoFromRecord(id, *existing);
+  }
+
+  // Map entries; the pod's config goes last: it switches redirection on.
+  sluice_pod_stats zero{};
+  Status st = programs_->pods.update(podKey(id), rec, BPF_NOEXIST);
+  if (st.ok()) st = programs_->podStats.update(rec.netns_cookie, zero);
+  if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
+  if (!st.ok()) {
+    (void)programs_->pods.update(podKey(id), rec);  // teardown reads the record
+    (void)teardown(id, rec);
+    return st.error();
+  }
+  PodInfo info = podInfoFromRecord(id, rec);
+  spdlog::info("enrolled pod {} (netns {}, {}, {} interface(s), {})", id, spec.netnsPath, info.tcMode,
+               info.interfaces.size(), describeConfig(info));
+  return info;
+}
+
+Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
+  const Settings& settings = options_.settings;
+  // Redirection stops first: without its config the programs pass all.
+  Status first;
+  auto keep = [&first](Status s) {
+    if (!s.ok() && first.ok()) first = s;
+  };
+  keep(programs_->podConfig.erase(rec.netns_cookie));
+
+  std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  auto ns = openNetns(path);
+  bool nsAlive = false;
+  if (ns.ok()) {
+    Status inNs = runInNetns(ns->get(), [&]() -> Status {
+      auto cookie = currentNetnsCookie();
+      SLUICE_TRY(cookie);
+      if (*cookie != rec.netns_cookie) return {};  // the path names another netns now
+      nsAlive = true;
+      Status st;
+      auto keepIn = [&st](Status s) {
+        if (!s.ok() && st.ok()) st = s;
+      };
+      for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
+        const auto& slot = rec.ifaces[i];
+        if (rec.tc_mode == SLUICE_TC_LEGACY) {
+          keepIn(detachLegacy(slot.ifindex, TcHook::Ingress, false));
+          keepIn(detachLegacy(slot.ifindex, TcHook::Egress, slot.created_clsact));
+        }
+        if (slot.accept_local_before >= 0)
+          keepIn(writeSysctl(acceptLocalSysctl(fromFixed(slot.name, sizeof(slot.name))),
+                             std::to_string(slot.accept_local_before)));
+      }
+      if (rec.tc_mode == SLUICE_TC_LEGACY) keepIn(detachLegacy(rec.lo_ifindex, TcHook::Egress, false));
+      for (int family : {AF_INET, AF_INET6}) {
+        if (!(rec.routes & (family == AF_INET ? SLUICE_ROUTES_V4 : SLUICE_ROUTES_V6))) continue;
+        keepIn(deletePolicyRule(returnRule(settings, family)));
+        keepIn(deleteLocalDefaultRoute(family, SLUICE_ROUTE_TABLE, rec.lo_ifindex));
+      }
+      return st;
+    });
+    keep(inNs);
+  } else if (ns.error().code != ENOENT) {
+    keep(ns.error());
+  }
+  if (!nsAlive) spdlog::info("pod {}: netns {} is gone; its attachments went with it", id, path);
+
+  // tcx links are pinned: detach and unpin wherever the netns is.
+  std::string dir = linkDir(id);
+  for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
+    std::string name = fromFixed(rec.ifaces[i].name, sizeof(rec.ifaces[i].name));
+    keep(detachTcx(dir + "/" + name + "_ingress"));
+    keep(detachTcx(dir + "/" + name + "_egress"));
+  }
+  keep(detachTcx(dir + "/lo_egress"));
+  keep(removeTree(dir));
+
+  keep(programs_->podStats.erase(rec.netns_cookie));
+  for (const auto& k : programs_->dnsNat.keys())
+    if (k.netns_cookie == rec.netns_cookie) keep(programs_->dnsNat.erase(k));
+  // The record goes last, and only when everything else is gone, so that a
+  // failed removal can be retried.
+  if (first.ok()) keep(programs_->pods.erase(podKey(id)));
+  return first;
+}
+
+Status Datapath::removePod(const std::string& id) {
+  SLUICE_TRY(validatePodId(id));
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  SLUICE_TRY(lock);
+  auto rec = programs_->pods.lookup(podKey(id));
+  if (!rec) return Error::msg("pod '" + id + "' is not enrolled", ENOENT);
+  Status st = teardown(id, *rec);
+  if (st.ok()) spdlog::info("removed pod {}", id);
+  return st;
+}
+
+std::vector<PodInfo> Datapath::listPods() {
+  std::vector<PodInfo> out;
+  for (const auto& key : programs_->pods.keys()) {
+    auto rec = programs_->pods.lookup(key);
+    if (rec) out.push_back(podInfoFromRecord(fromFixed(key.id, sizeof(key.id)), *rec));
+  }
+  std::sort(out.begin(), out.end(), [](const PodInfo& a, const PodInfo& b) { return a.id < b.id; });
+  return out;
+}
+
+Result<std::vector<PodCounters>> Datapath::stats(const std::optional<std::string>& id) {
+  std::vector<PodCounters> out;
+  auto pods = listPods();
+  if (id && std::none_of(pods.begin(), pods.end(), [&](const PodInfo& p) { return p.id == *id; }))
+    return Error::msg("pod '" + *id + "' is not enrolled", ENOENT);
+  for (const auto& p : pods) {
+    if (id && p.id != *id) continue;
+    PodCounters c;
+    c.id = p.id;
+    for (const auto& v : programs_->podStats.lookupPerCpu(p.netnsCookie)) {
+      c.stats.outbound_conns += v.outbound_conns;
+      c.stats.inbound_conns += v.inbound_conns;
+      c.stats.dns_tcp_conns += v.dns_tcp_conns;
+      c.stats.dns_udp_queries += v.dns_udp_queries;
+      c.stats.dns_answers += v.dns_answers;
+      c.stats.owned_pkts += v.owned_pkts;
+      c.stats.passed_pkts += v.passed_pkts;
+      c.stats.dropped_pkts += v.dropped_pkts;
+    }
+    out.push_back(c);
+  }
+  return out;
+}
+
+}  // namespace sluice

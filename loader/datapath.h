@@ -1,0 +1,118 @@
+// Enrolling pods into sluice and removing them: the loader's public face,
+// used by sluicectl (and later the agent).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loader/programs.h"
+#include "loader/result.h"
+#include "loader/tc.h"
+#include "maps/sluice_maps.h"
+
+namespace sluice {
+
+/// Global settings; defaults are the spec's (Istio's) values.
+struct Settings {
+  uint16_t outboundPort = SLUICE_DEFAULT_OUTBOUND_PORT;
+  uint16_t inboundPort = SLUICE_DEFAULT_INBOUND_PORT;
+  uint16_t hbonePort = SLUICE_DEFAULT_HBONE_PORT;
+  uint16_t dnsPort = SLUICE_DEFAULT_DNS_PORT;
+  uint32_t proxyMark = SLUICE_DEFAULT_PROXY_MARK;
+  uint32_t returnMark = SLUICE_DEFAULT_RETURN_MARK;
+  uint32_t markMask = SLUICE_DEFAULT_MARK_MASK;
+  std::string probeV4 = SLUICE_DEFAULT_PROBE_V4;
+  std::string probeV6 = SLUICE_DEFAULT_PROBE_V6;
+};
+
+/// Converts Settings to the map layout; errors name the bad field.
+Result<sluice_settings> encodeSettings(const Settings& s);
+
+struct DatapathOptions {
+  std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
+  TcMode tcMode = TcMode::Auto;
+  Settings settings;
+};
+
+/// What `pod add` asks for.
+struct PodSpec {
+  std::string netnsPath;
+  std::string id;  ///< empty: defaultPodId(netnsPath)
+  bool dnsCapture = true;
+  bool inboundCapture = true;
+  std::vector<std::string> rerouteIfaces;
+};
+
+/// An enrolled pod as the registry records it.
+struct PodInfo {
+  std::string id;
+  std::string netnsPath;
+  uint64_t netnsCookie = 0;
+  std::string tcMode;  ///< "tcx" | "legacy"
+  bool dnsCapture = true;
+  bool inboundCapture = true;
+  std::vector<std::string> interfaces;     ///< attached (non-loopback)
+  std::vector<std::string> rerouteIfaces;  ///< by name
+  bool ipv6Routes = false;
+  uint64_t enrolledAtNs = 0;
+};
+
+/// Counters summed over CPUs.
+struct PodCounters {
+  std::string id;
+  sluice_pod_stats stats{};
+};
+
+/// The pod id `pod add` uses when --id is not given: the netns file's name
+/// (/var/run/netns/NAME → NAME), or "pid-N" for /proc/N/ns/net.
+std::string defaultPodId(const std::string& netnsPath);
+
+/// Pod ids are 1-63 characters of [A-Za-z0-9._-].
+Status validatePodId(const std::string& id);
+
+/// Reads PodInfo out of a registry record.
+PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec);
+
+class Datapath {
+ public:
+  /// Mounts bpffs if needed, loads the programs, creates or reuses the
+  /// pinned maps and writes the global settings (first time), or checks
+  /// them against the pinned ones.
+  static Result<std::unique_ptr<Datapath>> open(const DatapathOptions& options);
+
+  /// Enrolls a pod netns. Idempotent for the same netns and settings; an
+  /// error when the id or netns is enrolled otherwise. A failure half way
+  /// rolls back everything it did.
+  Result<PodInfo> addPod(const PodSpec& spec);
+
+  /// Undoes an enrollment: redirection stops first, then attachments,
+  /// rules, routes, sysctls and map entries go. A pod whose netns is gone is
+  /// cleaned up too.
+  Status removePod(const std::string& id);
+
+  /// The id of the pod enrolled from netnsPath (same netns), if any.
+  Result<std::string> podIdForNetns(const std::string& netnsPath);
+
+  std::vector<PodInfo> listPods();
+
+  /// Counters of one pod (id) or all.
+  Result<std::vector<PodCounters>> stats(const std::optional<std::string>& id);
+
+  const DatapathOptions& options() const { return options_; }
+  PodPrograms& programs() { return *programs_; }
+
+ private:
+  Datapath(DatapathOptions options, std::unique_ptr<PodPrograms> programs)
+      : options_(std::move(options)), programs_(std::move(programs)) {}
+
+  std::string linkDir(const std::string& id) const;
+  Status teardown(const std::string& id, const sluice_pod_record& rec);
+
+  DatapathOptions options_;
+  std::unique_ptr<PodPrograms> programs_;
+};
+
+}  // namespace sluice

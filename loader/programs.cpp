@@ -1,0 +1,80 @@
+#include "loader/programs.h"
+
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <cstdarg>
+#include <mutex>
+
+#include "pod_tc.skel.h"
+
+namespace sluice {
+
+int possibleCpus() {
+  static const int n = libbpf_num_possible_cpus();
+  return n > 0 ? n : 1;
+}
+
+namespace {
+
+int libbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
+  char buf[1024];
+  int n = vsnprintf(buf, sizeof(buf), fmt, args);
+  std::string msg(buf, n > 0 ? std::min<size_t>(n, sizeof(buf) - 1) : 0);
+  while (!msg.empty() && msg.back() == '\n') msg.pop_back();
+  // One level lower than libbpf's own: its warnings are often expected
+  // probes, its debug output is verifier-level detail.
+  switch (level) {
+    case LIBBPF_WARN: spdlog::info("libbpf: {}", msg); break;
+    case LIBBPF_INFO: spdlog::debug("libbpf: {}", msg); break;
+    default: spdlog::trace("libbpf: {}", msg); break;
+  }
+  return n;
+}
+
+}  // namespace
+
+void routeLibbpfLogging() {
+  static std::once_flag once;
+  std::call_once(once, [] { libbpf_set_print(libbpfPrint); });
+}
+
+Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) {
+  routeLibbpfLogging();
+  std::unique_ptr<PodPrograms> p(new PodPrograms());
+  LIBBPF_OPTS(bpf_object_open_opts, opts, .pin_root_path = root.c_str());
+  p->skel_ = pod_tc__open_opts(&opts);
+  if (!p->skel_) return Error::fromErrno(errno, "open BPF object pod_tc");
+  if (int err = pod_tc__load(p->skel_); err != 0) {
+    if (err == -EPERM || errno == EPERM)
+      return Error::fromErrno(EPERM, "load BPF programs (needs root: CAP_BPF, CAP_NET_ADMIN)");
+    return Error::fromErrno(err, "load BPF programs (run with --log-level debug for the verifier log)");
+  }
+  auto& m = p->skel_->maps;
+  auto settings = BpfMap<__u32, sluice_settings>::of(m.settings);
+  auto podConfig = BpfMap<__u64, sluice_pod_config>::of(m.pod_config);
+  auto podStats = BpfMap<__u64, sluice_pod_stats>::of(m.pod_stats);
+  auto dnsNat = BpfMap<sluice_dns_nat_key, sluice_dns_nat_value>::of(m.dns_nat);
+  auto pods = BpfMap<sluice_pod_id, sluice_pod_record>::of(m.pods);
+  SLUICE_TRY(settings);
+  SLUICE_TRY(podConfig);
+  SLUICE_TRY(podStats);
+  SLUICE_TRY(dnsNat);
+  SLUICE_TRY(pods);
+  p->settings = *settings;
+  p->podConfig = *podConfig;
+  p->podStats = *podStats;
+  p->dnsNat = *dnsNat;
+  p->pods = *pods;
+  return p;
+}
+
+PodPrograms::~PodPrograms() {
+  if (skel_) pod_tc__destroy(skel_);
+}
+
+int PodPrograms::egressFd() const { return bpf_program__fd(skel_->progs.pod_egress); }
+int PodPrograms::ingressFd() const { return bpf_program__fd(skel_->progs.pod_ingress); }
+int PodPrograms::loEgressFd() const { return bpf_program__fd(skel_->progs.pod_lo_egress); }
+
+}  // namespace sluice

@@ -1,0 +1,101 @@
+#include "loader/sysctl.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include <spdlog/spdlog.h>
+
+#include "loader/fd.h"
+
+namespace sluice {
+namespace {
+
+constexpr const char* kWhitespace = " \t\r\n";
+
+std::string trim(const std::string& s) {
+  auto first = s.find_first_not_of(kWhitespace);
+  if (first == std::string::npos) return "";
+  auto last = s.find_last_not_of(kWhitespace);
+  return s.substr(first, last - first + 1);
+}
+
+// Maps a sysctl name to its /proc/sys path, refusing anything that could
+// escape /proc/sys.
+Result<std::string> sysctlPath(const std::string& name) {
+  if (name.empty() || name.front() == '/') {
+    return Error::msg("sysctl name \"" + name + "\": must be a relative path like net/ipv4/ip_forward",
+                      EINVAL);
+  }
+  size_t start = 0;
+  while (start <= name.size()) {
+    size_t end = name.find('/', start);
+    if (end == std::string::npos) end = name.size();
+    std::string part = name.substr(start, end - start);
+    if (part.empty() || part == "." || part == "..") {
+      return Error::msg("sysctl name \"" + name + "\": empty, '.' or '..' path component", EINVAL);
+    }
+    start = end + 1;
+  }
+  // Why the thread matters: /proc/sys/net is resolved against the network
+  // namespace of the thread doing the lookup (the kernel's sysctl "is_seen"
+  // check compares with current->nsproxy->net_ns), not the process or the
+  // main thread. Opening it here, on the calling thread, therefore reads and
+  // writes the namespace that thread is in, e.g. the one runInNetns joined.
+  // An fd, once open, stays bound to the namespace it was opened in.
+  return "/proc/sys/" + name;
+}
+
+}  // namespace
+
+Result<std::string> readSysctl(const std::string& name) {
+  auto path = sysctlPath(name);
+  SLUICE_TRY(path);
+  Fd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
+  if (!fd.valid()) return Error::fromErrno(errno, *path);
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno(errno, "read " + *path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return trim(out);
+}
+
+Status writeSysctl(const std::string& name, const std::string& value) {
+  auto path = sysctlPath(name);
+  SLUICE_TRY(path);
+  std::string v = trim(value);
+  Fd fd(::open(path->c_str(), O_WRONLY | O_CLOEXEC));
+  if (!fd.valid()) return Error::fromErrno(errno, *path);
+  // One write(): proc handlers parse each write separately (a short or split
+  // write would be taken as a separate value), and reject bad input here with
+  // e.g. EINVAL.
+  ssize_t n;
+  do {
+    n = ::write(fd.get(), v.data(), v.size());
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Error::fromErrno(errno, "write \"" + v + "\" to " + *path);
+  if (static_cast<size_t>(n) != v.size()) {
+    return Error::msg("write \"" + v + "\" to " + *path + ": short write", EIO);
+  }
+  spdlog::debug("sysctl {} = {}", name, v);
+  return {};
+}
+
+Result<bool> ipv6EnabledOnLoopback() {
+  auto value = readSysctl("net/ipv6/conf/lo/disable_ipv6");
+  if (!value.ok()) {
+    if (value.error().code == ENOENT) return false;
+    return value.error();
+  }
+  return *value == "0";
+}
+
+}  // namespace sluice

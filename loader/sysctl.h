@@ -1,0 +1,25 @@
+// Reading and writing /proc/sys values in the calling thread's namespace.
+#pragma once
+
+#include <string>
+
+#include "loader/result.h"
+
+namespace sluice {
+
+/// Reads /proc/sys/@p name, e.g. "net/ipv4/conf/eth0/accept_local", with
+/// surrounding whitespace trimmed. @p name uses '/' separators (interface
+/// names may contain dots) and must be relative without ".." components.
+/// Everything under net/ is the calling thread's network namespace.
+Result<std::string> readSysctl(const std::string& name);
+
+/// Writes @p value (trimmed) to /proc/sys/@p name in the calling thread's
+/// network namespace. Same naming rules as readSysctl.
+Status writeSysctl(const std::string& name, const std::string& value);
+
+/// Whether IPv6 is enabled on lo in the calling thread's network namespace:
+/// net/ipv6/conf/lo/disable_ipv6 reads "0". A missing file (IPv6 disabled
+/// at boot or not built) means false.
+Result<bool> ipv6EnabledOnLoopback();
+
+}  // namespace sluice

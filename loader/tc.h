@@ -1,0 +1,43 @@
+// Attaching programs at TC hooks: tcx links (Linux 6.6+, pinnable, so they
+// outlive the process that made them) or clsact + cls_bpf (older kernels;
+// the filter stays until removed or the device goes away).
+#pragma once
+
+#include <string>
+
+#include "loader/result.h"
+
+namespace sluice {
+
+enum class TcMode { Auto, Tcx, Legacy };
+enum class TcHook { Ingress, Egress };
+
+/// "auto" | "tcx" | "legacy".
+Result<TcMode> parseTcMode(const std::string& s);
+const char* tcModeName(TcMode m);
+const char* tcHookName(TcHook h);
+
+/// Attaches progFd at the hook of ifindex (resolved in the calling thread's
+/// netns) as a tcx link pinned at pinPath. The pin holds the attachment.
+/// A kernel without tcx gives an Error with code EOPNOTSUPP.
+Status attachTcx(int ifindex, TcHook hook, int progFd, const std::string& pinPath);
+
+/// Detaches the tcx link pinned at pinPath and removes the pin. Missing
+/// pin is success; a link whose device is gone is just unpinned.
+Status detachTcx(const std::string& pinPath);
+
+/// True when a tcx link is pinned at pinPath and still attached.
+bool tcxAttached(const std::string& pinPath);
+
+/// Attaches progFd as a direct-action cls_bpf filter on a clsact qdisc
+/// (created when missing). Returns whether this call created the qdisc.
+Result<bool> attachLegacy(int ifindex, TcHook hook, int progFd);
+
+/// Removes sluice's filter from the hook (absent is success) and, when
+/// destroyClsact, the clsact qdisc itself.
+Status detachLegacy(int ifindex, TcHook hook, bool destroyClsact);
+
+/// True when sluice's legacy filter is on the hook.
+bool legacyAttached(int ifindex, TcHook hook);
+
+}  // namespace sluice

@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause) */
+/*
+ * The single definition of everything the BPF programs and the C++ side both
+ * read: constants, map key/value layouts, capacities and pin names.
+ *
+ * Plain C with fixed-width types so it compiles for `clang -target bpf` and
+ * for g++. Every struct has explicit padding and a size assertion: a layout
+ * change that is not made on purpose fails the build on both sides.
+ */
+#ifndef SLUICE_MAPS_H
+#define SLUICE_MAPS_H
+
+#include <linux/types.h>
+
+#ifdef __cplusplus
+#define SLUICE_STATIC_ASSERT(c, m) static_assert(c, m)
+#else
+#define SLUICE_STATIC_ASSERT(c, m) _Static_assert(c, m)
+#endif
+
+/* ---- Defaults: the same names and values as Istio's ambient mode. ---- */
+#define SLUICE_DEFAULT_OUTBOUND_PORT 15001
+#define SLUICE_DEFAULT_INBOUND_PORT 15006
+#define SLUICE_DEFAULT_HBONE_PORT 15008
+#define SLUICE_DEFAULT_DNS_PORT 15053
+#define SLUICE_DEFAULT_PROXY_MARK 0x539
+#define SLUICE_DEFAULT_RETURN_MARK 0x111
+#define SLUICE_DEFAULT_MARK_MASK 0xfff
+#define SLUICE_ROUTE_TABLE 100
+#define SLUICE_RULE_PRIORITY 32764
+/* 169.254.7.127 in network byte order is built at run time from this. */
+#define SLUICE_DEFAULT_PROBE_V4 "169.254.7.127"
+#define SLUICE_DEFAULT_PROBE_V6 "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
+
+/*
+ * Egress hands a captured packet to the ingress hook of the same interface
+ * (bpf_redirect with BPF_F_INGRESS; bpf_sk_assign only works at ingress).
+ * The mark carries the decision across: within one netns bpf_redirect keeps
+ * skb->mark (kernel >= 5.14), and packets that really arrive from another
+ * namespace have it cleared, so a real inbound packet can never carry it.
+ * The tag lives above the 0xfff bits that Istio's marks use.
+ */
+#define SLUICE_TAG_MASK 0xffff0000u
+#define SLUICE_TAG_MAGIC 0x51ce0000u
+enum sluice_tag {
+	SLUICE_TAG_OUTBOUND = 1, /* new TCP connection for the outbound listener */
+	SLUICE_TAG_DNS_TCP = 2,  /* new TCP connection for the DNS listener */
+	SLUICE_TAG_DNS_UDP = 3,  /* UDP query for the DNS listener */
+	SLUICE_TAG_OWNED = 4,    /* packet of a flow a local proxy socket owns */
+};
+
+/* Pod flags (struct sluice_pod_config.flags). */
+#define SLUICE_POD_DNS_CAPTURE (1u << 0)
+#define SLUICE_POD_INBOUND_CAPTURE (1u << 1)
+
+#define SLUICE_MAX_REROUTE_IFACES 8
+#define SLUICE_MAX_POD_IFACES 8
+#define SLUICE_ID_LEN 64
+#define SLUICE_NETNS_PATH_LEN 192
+#define SLUICE_IFNAME_LEN 16
+
+/* Capacities. */
+#define SLUICE_MAX_PODS 16384
+#define SLUICE_DNS_NAT_ENTRIES 65536
+
+/* Pin names, relative to the bpffs root (default /sys/fs/bpf/sluice). */
+#define SLUICE_DEFAULT_BPFFS_ROOT "/sys/fs/bpf/sluice"
+#define SLUICE_PIN_SETTINGS "settings"
+#define SLUICE_PIN_POD_CONFIG "pod_config"
+#define SLUICE_PIN_POD_STATS "pod_stats"
+#define SLUICE_PIN_DNS_NAT "dns_nat"
+#define SLUICE_PIN_PODS "pods"
+#define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
+
+/*
+ * Global settings, one entry (key 0) of the `settings` array map.
+ * Ports are in host byte order; addresses in network byte order.
+ */
+struct sluice_settings {
+	__u16 outbound_port;
+	__u16 inbound_port;
+	__u16 hbone_port;
+	__u16 dns_port;
+	__u32 proxy_mark;
+	__u32 return_mark;
+	__u32 mark_mask;
+	__u32 probe_v4; /* __be32 */
+	__u8 probe_v6[16];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_settings) == 40, "sluice_settings layout");
+
+/*
+ * Per-pod settings, keyed by the pod's network namespace cookie
+ * (SO_NETNS_COOKIE in user space, bpf_get_netns_cookie() in BPF): the
+ * programs are shared by all pods and the cookie tells them apart.
+ */
+struct sluice_pod_config {
+	__u32 flags; /* SLUICE_POD_* */
+	__u32 reroute_count;
+	__u32 reroute_ifindex[SLUICE_MAX_REROUTE_IFACES];
+	char id[SLUICE_ID_LEN];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_config) == 104, "sluice_pod_config layout");
+
+/* Per-pod counters (per-CPU hash, keyed by netns cookie). */
+struct sluice_pod_stats {
+	__u64 outbound_conns;  /* SYNs handed to the outbound listener */
+	__u64 inbound_conns;   /* SYNs handed to the inbound listener */
+	__u64 dns_tcp_conns;   /* SYNs handed to the DNS listener */
+	__u64 dns_udp_queries; /* datagrams handed to the DNS listener */
+	__u64 dns_answers;     /* answers given the resolver's address back */
+	__u64 owned_pkts;      /* later packets handed to a proxy-owned socket */
+	__u64 passed_pkts;     /* packets inspected and left alone */
+	__u64 dropped_pkts;    /* fail closed: no proxy socket to hand to */
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_stats) == 64, "sluice_pod_stats layout");
+
+/*
+ * DNS translation, recorded when a query is captured and applied to the
+ * answer: the app's connected socket accepts only the resolver's address.
+ * Keyed by the querying socket (address, port, protocol) in its netns.
+ */
+struct sluice_dns_nat_key {
+	__u64 netns_cookie;
+	__u8 client_addr[16]; /* v4 uses the first 4 bytes */
+	__be16 client_port;
+	__u8 family; /* AF_INET / AF_INET6 */
+	__u8 proto;  /* IPPROTO_TCP / IPPROTO_UDP */
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_dns_nat_key) == 32, "sluice_dns_nat_key layout");
+
+struct sluice_dns_nat_value {
+	__u8 resolver_addr[16];
+	__be16 resolver_port;
+	__u16 pad1;
+	__u32 pad2;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_dns_nat_value) == 24, "sluice_dns_nat_value layout");
+
+/* Attach mode recorded per pod. */
+enum sluice_tc_mode {
+	SLUICE_TC_TCX = 1,
+	SLUICE_TC_LEGACY = 2,
+};
+
+/* Route state recorded per pod (struct sluice_pod_record.routes). */
+#define SLUICE_ROUTES_V4 (1u << 0)
+#define SLUICE_ROUTES_V6 (1u << 1)
+
+struct sluice_pod_iface {
+	char name[SLUICE_IFNAME_LEN];
+	__u32 ifindex;
+	__s32 accept_local_before; /* sysctl value to restore, -1: untouched */
+	__u32 created_clsact;      /* legacy mode: we created the qdisc */
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_iface) == 32, "sluice_pod_iface layout");
+
+/* Key of the `pods` registry: the pod id, NUL-padded. */
+struct sluice_pod_id {
+	char id[SLUICE_ID_LEN];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_id) == 64, "sluice_pod_id layout");
+
+/*
+ * The registry of enrolled pods (`pods` hash, keyed by the pod id string):
+ * what `pod remove` needs to undo an enrollment, even from another process.
+ * Not read by BPF; a map so that it lives and dies with the rest of the
+ * pinned state and can be read with bpftool.
+ */
+struct sluice_pod_record {
+	char netns_path[SLUICE_NETNS_PATH_LEN];
+	__u64 netns_cookie;
+	__u64 netns_ino;
+	__u64 enrolled_at_ns; /* CLOCK_REALTIME */
+	__u32 tc_mode;        /* enum sluice_tc_mode */
+	__u32 routes;         /* SLUICE_ROUTES_* */
+	__u32 iface_count;
+	__u32 lo_ifindex;
+	struct sluice_pod_iface ifaces[SLUICE_MAX_POD_IFACES];
+	struct sluice_pod_config config;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_record) == 192 + 24 + 16 + 256 + 104,
+		     "sluice_pod_record layout");
+
+#endif /* SLUICE_MAPS_H */

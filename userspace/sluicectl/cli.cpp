@@ -1,0 +1,282 @@
+#include "userspace/sluicectl/cli.h"
+
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <iomanip>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <sstream>
+
+namespace sluice::cli {
+
+namespace {
+
+Error usageError(const std::string& msg) { return Error::msg(msg + " (see sluicectl --help)", EINVAL); }
+
+Result<bool> parseOnOff(const std::string& flag, const std::string& v) {
+  if (v == "on") return true;
+  if (v == "off") return false;
+  return usageError("invalid " + flag + " '" + v + "' (expected on or off)");
+}
+
+struct Args {
+  const std::vector<std::string>& v;
+  size_t i = 0;
+  bool done() const { return i >= v.size(); }
+  const std::string& peek() const { return v[i]; }
+  Result<std::string> value(const std::string& flag) {
+    if (i + 1 >= v.size()) return usageError("option " + flag + " needs a value");
+    i += 2;
+    return v[i - 1];
+  }
+};
+
+}  // namespace
+
+std::string usage() {
+  return R"(sluicectl: enroll pods into sluice's eBPF traffic redirection
+
+usage: sluicectl [--bpffs DIR] [--tc-mode auto|tcx|legacy] [--log-level LEVEL] COMMAND
+  pod add    --netns PATH [--id NAME] [--dns-capture on|off]
+             [--inbound-capture on|off] [--reroute-iface IFNAME]...
+  pod remove (--netns PATH | --id NAME)
+  pod list   [--json]
+  stats      [--id NAME] [--json]
+
+global options:
+  --bpffs DIR       bpffs root of the pinned state (default /sys/fs/bpf/sluice)
+  --tc-mode MODE    auto (tcx when the kernel has it), tcx, or legacy (clsact)
+  --log-level LVL   trace, debug, info, warn (default), error, off
+
+PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net); --id defaults to
+the netns file's name (pid-PID for /proc/PID/ns/net).
+)";
+}
+
+Result<Command> parse(const std::vector<std::string>& argv) {
+  Command cmd;
+  Args a{argv};
+  // Global options come before the command.
+  while (!a.done() && a.peek().rfind("--", 0) == 0) {
+    std::string flag = a.peek();
+    if (flag == "--help" || flag == "-h") {
+      cmd.verb = Verb::Help;
+      return cmd;
+    }
+    auto v = a.value(flag);
+    SLUICE_TRY(v);
+    if (flag == "--bpffs") {
+      if (v->empty() || (*v)[0] != '/') return usageError("--bpffs needs an absolute path");
+      cmd.bpffsRoot = *v;
+    } else if (flag == "--tc-mode") {
+      auto m = parseTcMode(*v);
+      SLUICE_TRY(m);
+      cmd.tcMode = *m;
+    } else if (flag == "--log-level") {
+      if (spdlog::level::from_str(*v) == spdlog::level::off && *v != "off")
+        return usageError("invalid --log-level '" + *v + "'");
+      cmd.logLevel = *v;
+    } else {
+      return usageError("unknown option " + flag);
+    }
+  }
+  if (a.done()) return usageError("no command given");
+  std::string noun = argv[a.i++];
+  std::string verb;
+  if (noun == "pod") {
+    if (a.done()) return usageError("pod needs a subcommand: add, remove or list");
+    verb = argv[a.i++];
+    if (verb == "add") cmd.verb = Verb::PodAdd;
+    else if (verb == "remove") cmd.verb = Verb::PodRemove;
+    else if (verb == "list") cmd.verb = Verb::PodList;
+    else return usageError("unknown pod subcommand '" + verb + "'");
+  } else if (noun == "stats") {
+    cmd.verb = Verb::Stats;
+  } else if (noun == "help") {
+    cmd.verb = Verb::Help;
+    return cmd;
+  } else {
+    return usageError("unknown command '" + noun + "'");
+  }
+
+  bool haveNetns = false;
+  while (!a.done()) {
+    std::string flag = a.peek();
+    if (flag == "--json" && (cmd.verb == Verb::PodList || cmd.verb == Verb::Stats)) {
+      cmd.json = true;
+      a.i++;
+      continue;
+    }
+    if (flag == "--help" || flag == "-h") {
+      cmd.verb = Verb::Help;
+      return cmd;
+    }
+    bool isAdd = cmd.verb == Verb::PodAdd;
+    bool known = (flag == "--netns" && (isAdd || cmd.verb == Verb::PodRemove)) ||
+                 (flag == "--id" && cmd.verb != Verb::PodList) ||
+                 (isAdd && (flag == "--dns-capture" || flag == "--inbound-capture" || flag == "--reroute-iface"));
+    if (!known) return usageError("unknown option " + flag + " for this command");
+    auto v = a.value(flag);
+    SLUICE_TRY(v);
+    if (flag == "--netns") {
+      if (v->empty()) return usageError("--netns needs a path");
+      cmd.pod.netnsPath = *v;
+      haveNetns = true;
+    } else if (flag == "--id") {
+      SLUICE_TRY(validatePodId(*v));
+      cmd.id = *v;
+      cmd.pod.id = *v;
+    } else if (flag == "--dns-capture") {
+      auto b = parseOnOff(flag, *v);
+      SLUICE_TRY(b);
+      cmd.pod.dnsCapture = *b;
+    } else if (flag == "--inbound-capture") {
+      auto b = parseOnOff(flag, *v);
+      SLUICE_TRY(b);
+      cmd.pod.inboundCapture = *b;
+    } else if (flag == "--reroute-iface") {
+      if (v->empty() || v->size() >= SLUICE_IFNAME_LEN) return usageError("invalid --reroute-iface '" + *v + "'");
+      cmd.pod.rerouteIfaces.push_back(*v);
+    }
+  }
+  if (cmd.verb == Verb::PodAdd && !haveNetns) return usageError("pod add needs --netns PATH");
+  if (cmd.verb == Verb::PodRemove && haveNetns == cmd.id.has_value())
+    return usageError("pod remove needs exactly one of --netns PATH or --id NAME");
+  return cmd;
+}
+
+std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
+  if (json) {
+    auto arr = nlohmann::json::array();
+    for (const auto& p : pods) {
+      arr.push_back({{"id", p.id},
+                     {"netns", p.netnsPath},
+                     {"netns_cookie", p.netnsCookie},
+                     {"tc_mode", p.tcMode},
+                     {"dns_capture", p.dnsCapture},
+                     {"inbound_capture", p.inboundCapture},
+                     {"interfaces", p.interfaces},
+                     {"reroute_ifaces", p.rerouteIfaces},
+                     {"ipv6", p.ipv6Routes},
+                     {"enrolled_at_ns", p.enrolledAtNs}});
+    }
+    return arr.dump(2) + "\n";
+  }
+  std::ostringstream o;
+  o << std::left << std::setw(24) << "ID" << std::setw(8) << "MODE" << std::setw(5) << "DNS" << std::setw(9)
+    << "INBOUND" << std::setw(16) << "INTERFACES"
+    << "NETNS\n";
+  for (const auto& p : pods) {
+    std::string ifs;
+    for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
+    o << std::left << std::setw(24) << p.id << std::setw(8) << p.tcMode << std::setw(5) << (p.dnsCapture ? "on" : "off")
+      << std::setw(9) << (p.inboundCapture ? "on" : "off") << std::setw(16) << ifs << p.netnsPath << "\n";
+  }
+  return o.str();
+}
+
+std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
+  auto fields = [](const sluice_pod_stats& s) {
+    return std::vector<std::pair<const char*, uint64_t>>{
+        {"outbound_conns", s.outbound_conns}, {"inbound_conns", s.inbound_conns},
+        {"dns_tcp_conns", s.dns_tcp_conns},   {"dns_udp_queries", s.dns_udp_queries},
+        {"dns_answers", s.dns_answers},       {"owned_pkts", s.owned_pkts},
+        {"passed_pkts", s.passed_pkts},       {"dropped_pkts", s.dropped_pkts}};
+  };
+  if (json) {
+    auto arr = nlohmann::json::array();
+    for (const auto& c : stats) {
+      nlohmann::json j = {{"id", c.id}};
+      for (const auto& [k, v] : fields(c.stats)) j[k] = v;
+      arr.push_back(j);
+    }
+    return arr.dump(2) + "\n";
+  }
+  std::ostringstream o;
+  o << std::left << std::setw(24) << "ID";
+  for (const auto& [k, v] : fields(sluice_pod_stats{})) o << std::right << std::setw(16) << k;
+  o << "\n";
+  for (const auto& c : stats) {
+    o << std::left << std::setw(24) << c.id;
+    for (const auto& [k, v] : fields(c.stats)) o << std::right << std::setw(16) << v;
+    o << "\n";
+  }
+  return o.str();
+}
+
+int run(const Command& cmd, std::ostream& out, std::ostream& err) {
+  if (cmd.verb == Verb::Help) {
+    out << usage();
+    return 0;
+  }
+  auto fail = [&err](const Error& e) {
+    std::string msg = e.message;
+    if (e.code == EPERM || e.code == EACCES)
+      msg += " — missing privilege: sluicectl must run as root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)";
+    err << "sluicectl: " << msg << "\n";
+    return 1;
+  };
+  // Validate what needs no kernel before touching any state.
+  if (cmd.verb == Verb::PodAdd) {
+    std::string id = cmd.pod.id.empty() ? defaultPodId(cmd.pod.netnsPath) : cmd.pod.id;
+    if (Status st = validatePodId(id); !st.ok()) return fail(st.error());
+  }
+  DatapathOptions opts;
+  opts.bpffsRoot = cmd.bpffsRoot;
+  opts.tcMode = cmd.tcMode;
+  auto dp = Datapath::open(opts);
+  if (!dp.ok()) return fail(dp.error());
+
+  switch (cmd.verb) {
+    case Verb::PodAdd: {
+      auto info = (*dp)->addPod(cmd.pod);
+      if (!info.ok()) return fail(info.error());
+      out << "pod " << info->id << " enrolled (" << info->tcMode << ")\n";
+      return 0;
+    }
+    case Verb::PodRemove: {
+      std::string id;
+      if (cmd.id) {
+        id = *cmd.id;
+      } else {
+        auto found = (*dp)->podIdForNetns(cmd.pod.netnsPath);
+        if (!found.ok()) return fail(found.error());
+        id = *found;
+      }
+      if (Status st = (*dp)->removePod(id); !st.ok()) return fail(st.error());
+      out << "pod " << id << " removed\n";
+      return 0;
+    }
+    case Verb::PodList:
+      out << formatPodList((*dp)->listPods(), cmd.json);
+      return 0;
+    case Verb::Stats: {
+      auto stats = (*dp)->stats(cmd.id);
+      if (!stats.ok()) return fail(stats.error());
+      out << formatStats(*stats, cmd.json);
+      return 0;
+    }
+    case Verb::Help:
+      break;
+  }
+  return 0;
+}
+
+int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  auto cmd = parse(args);
+  if (!cmd.ok()) {
+    err << "sluicectl: " << cmd.error().message << "\n";
+    return 2;
+  }
+  // Logs go to stderr so that stdout stays machine-readable (--json).
+  auto logger = spdlog::get("sluicectl");
+  if (!logger) logger = spdlog::stderr_logger_mt("sluicectl");
+  spdlog::set_default_logger(logger);
+  spdlog::set_pattern("sluicectl: %l: %v");
+  spdlog::set_level(spdlog::level::from_str(cmd->logLevel));
+  return run(*cmd, out, err);
+}
+
+}  // namespace sluice::cli

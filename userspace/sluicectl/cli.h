@@ -1,0 +1,44 @@
+// sluicectl's command line: parsing (pure, unit-tested) and execution.
+#pragma once
+
+#include <iosfwd>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loader/datapath.h"
+#include "loader/result.h"
+
+namespace sluice::cli {
+
+enum class Verb { Help, PodAdd, PodRemove, PodList, Stats };
+
+/// A parsed command line.
+struct Command {
+  Verb verb = Verb::Help;
+  std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
+  TcMode tcMode = TcMode::Auto;
+  std::string logLevel = "warn";
+  bool json = false;
+  PodSpec pod;                    ///< pod add; pod remove uses netnsPath / id
+  std::optional<std::string> id;  ///< pod remove, stats
+};
+
+/// Parses argv (without argv[0]). Errors are usage errors, one line each.
+Result<Command> parse(const std::vector<std::string>& args);
+
+/// The usage text printed by --help.
+std::string usage();
+
+/// Runs the command; output to out, the error line to err. Returns the
+/// process exit code (0 success, 1 failure, 2 usage error).
+int run(const Command& cmd, std::ostream& out, std::ostream& err);
+
+/// parse + run; what main() calls.
+int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+/// Renders pods / counters (exposed for tests).
+std::string formatPodList(const std::vector<PodInfo>& pods, bool json);
+std::string formatStats(const std::vector<PodCounters>& stats, bool json);
+
+}  // namespace sluice::cli

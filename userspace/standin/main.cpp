@@ -1,0 +1,177 @@
+// sluice-standin: the ztunnel stand-in as a program, for live demos. One JSON
+// object per line on stdout for every event; logs go to stderr.
+#include <signal.h>
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "userspace/standin/standin.h"
+
+namespace {
+
+constexpr const char* kUsage =
+    "Usage: sluice-standin [options]\n"
+    "A stand-in for ztunnel's sockets: listeners on the outbound, inbound, HBONE\n"
+    "and DNS ports; prints one JSON object per line for every connection/query.\n"
+    "\n"
+    "Options:\n"
+    "  --netns PATH          open every socket in that network namespace\n"
+    "                        (e.g. /run/netns/NAME)\n"
+    "  --no-ipv6             0.0.0.0 listeners and DNS on 127.0.0.1 only\n"
+    "  --no-reuseport        no SO_REUSEPORT on listeners\n"
+    "  --no-transparent      no IP_TRANSPARENT on the relay/HBONE listeners\n"
+    "  --outbound-port N     default 15001\n"
+    "  --inbound-port N      default 15006\n"
+    "  --hbone-port N        default 15008\n"
+    "  --dns-port N          default 15053\n"
+    "  --mark N              SO_MARK of every socket, default 0x539\n"
+    "  --dns-answer-v4 IP    A answer, default 10.96.0.99\n"
+    "  --dns-answer-v6 IP    AAAA answer, default fd00::99\n"
+    "  --upstream ADDR       relay to ADDR (1.2.3.4:80 or [::1]:80) instead of\n"
+    "                        the original destination\n"
+    "  --verbose             debug logs on stderr\n"
+    "  -h, --help            this text\n";
+
+std::string jsonString(const std::string& s) {
+  std::string out = "\"";
+  for (unsigned char c : s) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (c < 0x20 || c >= 0x7f) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+          out += buf;
+        } else {
+          out += static_cast<char>(c);
+        }
+    }
+  }
+  return out + "\"";
+}
+
+std::optional<unsigned long> parseNumber(const std::string& text, unsigned long max) {
+  if (text.empty()) return std::nullopt;
+  errno = 0;
+  char* end = nullptr;
+  unsigned long v = std::strtoul(text.c_str(), &end, 0);  // 0x539 or 1337
+  if (errno != 0 || *end != '\0' || v > max || text[0] == '-') return std::nullopt;
+  return v;
+}
+
+[[noreturn]] void usageError(const std::string& message) {
+  std::fprintf(stderr, "sluice-standin: %s\nTry 'sluice-standin --help'.\n", message.c_str());
+  std::exit(2);
+}
+
+std::mutex stdoutMutex;
+
+void printLine(const std::string& line) {
+  std::lock_guard lock(stdoutMutex);
+  std::fwrite(line.data(), 1, line.size(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  sluice::StandInConfig config;
+  bool verbose = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usageError("option " + arg + " needs a value");
+      return argv[++i];
+    };
+    auto port = [&]() -> uint16_t {
+      std::string v = value();
+      auto n = parseNumber(v, 65535);
+      if (!n || *n == 0) usageError("invalid port '" + v + "' for " + arg);
+      return static_cast<uint16_t>(*n);
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else if (arg == "--netns") {
+      config.netnsPath = value();
+    } else if (arg == "--no-ipv6") {
+      config.ipv6 = false;
+    } else if (arg == "--no-reuseport") {
+      config.reuseport = false;
+    } else if (arg == "--no-transparent") {
+      config.transparent = false;
+    } else if (arg == "--outbound-port") {
+      config.outboundPort = port();
+    } else if (arg == "--inbound-port") {
+      config.inboundPort = port();
+    } else if (arg == "--hbone-port") {
+      config.hbonePort = port();
+    } else if (arg == "--dns-port") {
+      config.dnsPort = port();
+    } else if (arg == "--mark") {
+      std::string v = value();
+      auto n = parseNumber(v, 0xffffffffUL);
+      if (!n) usageError("invalid mark '" + v + "'");
+      config.mark = static_cast<uint32_t>(*n);
+    } else if (arg == "--dns-answer-v4") {
+      config.dnsAnswerV4 = value();
+    } else if (arg == "--dns-answer-v6") {
+      config.dnsAnswerV6 = value();
+    } else if (arg == "--upstream") {
+      config.upstreamOverride = value();
+    } else if (arg == "--verbose") {
+      verbose = true;
+    } else {
+      usageError("unknown option '" + arg + "'");
+    }
+  }
+
+  // stdout carries the JSON lines only.
+  auto logger = spdlog::stderr_color_mt("sluice-standin");
+  spdlog::set_default_logger(logger);
+  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::warn);
+
+  // Blocked before any thread starts, so only sigwait() below sees them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  config.onEvent = [](const sluice::ProxyEvent& ev) {
+    printLine("{\"listener\":" + jsonString(ev.listener) +
+              ",\"port\":" + std::to_string(ev.listenerPort) +
+              ",\"orig_dst\":" + jsonString(ev.origDst) + ",\"peer\":" + jsonString(ev.peer) +
+              ",\"detail\":" + jsonString(ev.detail) + "}");
+  };
+
+  // Held until "ready" is out, so no event line comes before it.
+  std::unique_lock readyLock(stdoutMutex);
+  auto standIn = sluice::ProxyStandIn::start(config);
+  if (!standIn) {
+    std::fprintf(stderr, "sluice-standin: %s\n", standIn.error().message.c_str());
+    return 1;
+  }
+  std::fputs("{\"ready\":true}\n", stdout);
+  std::fflush(stdout);
+  readyLock.unlock();
+
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  (*standIn)->stop();
+  return 0;
+}
