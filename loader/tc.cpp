@@ -46,16 +46,16 @@ const char* tcModeName(TcMode m) {
 
 const char* tcHookName(TcHook h) { return h == TcHook::Ingress ? "ingress" : "egress"; }
 
+Error tcxAttachError(int err, TcHook hook, int ifindex) {
+  // Kernels before 6.6 reject the unknown attach type with EINVAL.
+  if (err == EINVAL) return Error::msg("kernel lacks tcx (BPF_TCX_*, Linux 6.6+); use --tc-mode legacy", EOPNOTSUPP);
+  return Error::fromErrno(err, std::string("attach tcx ") + tcHookName(hook) + " on ifindex " + std::to_string(ifindex));
+}
+
 Status attachTcx(int ifindex, TcHook hook, int progFd, const std::string& pinPath) {
   int type = hook == TcHook::Ingress ? kBpfTcxIngress : kBpfTcxEgress;
   int fd = bpf_link_create(progFd, ifindex, static_cast<enum bpf_attach_type>(type), nullptr);
-  if (fd < 0) {
-    int err = errno;
-    // Kernels before 6.6 reject the unknown attach type with EINVAL.
-    if (err == EINVAL)
-      return Error::msg("kernel lacks tcx (BPF_TCX_*, Linux 6.6+); use --tc-mode legacy", EOPNOTSUPP);
-    return Error::fromErrno(err, std::string("attach tcx ") + tcHookName(hook) + " on ifindex " + std::to_string(ifindex));
-  }
+  if (fd < 0) return tcxAttachError(errno, hook, ifindex);
   Fd link(fd);
   ::unlink(pinPath.c_str());  // a stale pin of a link whose device is gone
   if (bpf_obj_pin(link.get(), pinPath.c_str()) != 0)

@@ -29,6 +29,10 @@ Status detachTcx(const std::string& pinPath);
 /// True when a tcx link is pinned at pinPath and still attached.
 bool tcxAttached(const std::string& pinPath);
 
+/// The error for a failed tcx attach (errno err): a kernel without tcx
+/// answers EINVAL and gets "kernel lacks tcx" with code EOPNOTSUPP.
+Error tcxAttachError(int err, TcHook hook, int ifindex);
+
 /// Attaches progFd as a direct-action cls_bpf filter on a clsact qdisc
 /// (created when missing). Returns whether this call created the qdisc.
 Result<bool> attachLegacy(int ifindex, TcHook hook, int progFd);

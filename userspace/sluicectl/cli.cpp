@@ -206,16 +206,20 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
   return o.str();
 }
 
+std::string formatError(const Error& e) {
+  std::string msg = e.message;
+  if (e.code == EPERM || e.code == EACCES)
+    msg += " (missing privilege: sluicectl must run as root with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)";
+  return "sluicectl: " + msg + "\n";
+}
+
 int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   if (cmd.verb == Verb::Help) {
     out << usage();
     return 0;
   }
   auto fail = [&err](const Error& e) {
-    std::string msg = e.message;
-    if (e.code == EPERM || e.code == EACCES)
-      msg += " — missing privilege: sluicectl must run as root (CAP_BPF, CAP_NET_ADMIN, CAP_SYS_ADMIN)";
-    err << "sluicectl: " << msg << "\n";
+    err << formatError(e);
     return 1;
   };
   // Validate what needs no kernel before touching any state.

@@ -37,6 +37,10 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err);
 /// parse + run; what main() calls.
 int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
+/// The one line printed on stderr for a failure ("sluicectl: ..."); adds
+/// the privilege hint for EPERM/EACCES.
+std::string formatError(const Error& e);
+
 /// Renders pods / counters (exposed for tests).
 std::string formatPodList(const std::vector<PodInfo>& pods, bool json);
 std::string formatStats(const std::vector<PodCounters>& stats, bool json);
