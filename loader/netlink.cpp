@@ -111,11 +111,16 @@ const char* familyName(int family) {
   }
 }
 
-Status checkFamily(int family, const std::string& what) {
-  if (family == AF_INET || family == AF_INET6) return {};
-  return Error::msg(what + ": address family " + std::to_string(family) +
-                        " is neither AF_INET nor AF_INET6",
-                    EAFNOSUPPORT);
+Status checkArgs(int family, uint32_t table, const std::string& what) {
+  if (family != AF_INET && family != AF_INET6) {
+    return Error::msg(what + ": address family " + std::to_string(family) +
+                          " is neither AF_INET nor AF_INET6",
+                      EAFNOSUPPORT);
+  }
+  // Table 0 (RT_TABLE_UNSPEC) does not mean "table 0" to the kernel: a rule
+  // gets some unused table allocated, a route lands in main.
+  if (table == 0) return Error::msg(what + ": routing table 0 is not a table", EINVAL);
+  return {};
 }
 
 std::string describe(const PolicyRule& r) {
@@ -340,7 +345,7 @@ Result<std::vector<LinkInfo>> listLinks() {
 // ---- policy rules -----------------------------------------------------------
 
 Result<bool> policyRuleExists(const PolicyRule& rule) {
-  SLUICE_TRY(checkFamily(rule.family, describe(rule)));
+  SLUICE_TRY(checkArgs(rule.family, rule.table, describe(rule)));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
   return ruleExists(*sock, rule);
@@ -348,7 +353,7 @@ Result<bool> policyRuleExists(const PolicyRule& rule) {
 
 Status addPolicyRule(const PolicyRule& rule) {
   const std::string what = "add " + describe(rule);
-  SLUICE_TRY(checkFamily(rule.family, what));
+  SLUICE_TRY(checkArgs(rule.family, rule.table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
   auto exists = ruleExists(*sock, rule);
@@ -362,7 +367,8 @@ Status addPolicyRule(const PolicyRule& rule) {
   // Without NLM_F_EXCL the kernel happily stacks identical rules; with it, a
   // rule added concurrently since the dump above comes back as EEXIST, which
   // is the outcome we wanted anyway.
-  Status st = sock->call([&](nl_sock* s) { return rtnl_rule_add(s, msg->get(), NLM_F_EXCL); }, what);
+  Status st =
+      sock->call([&](nl_sock* s) { return rtnl_rule_add(s, msg->get(), NLM_F_EXCL); }, what);
   if (!st.ok() && st.error().code != EEXIST) return st;
   spdlog::debug("{}", what);
   return {};
@@ -370,7 +376,7 @@ Status addPolicyRule(const PolicyRule& rule) {
 
 Status deletePolicyRule(const PolicyRule& rule) {
   const std::string what = "delete " + describe(rule);
-  SLUICE_TRY(checkFamily(rule.family, what));
+  SLUICE_TRY(checkArgs(rule.family, rule.table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
   auto msg = buildRule(rule);
@@ -393,7 +399,7 @@ Status deletePolicyRule(const PolicyRule& rule) {
 
 Status addLocalDefaultRoute(int family, uint32_t table, int oifIndex) {
   const std::string what = "replace " + describeRoute(family, table, oifIndex);
-  SLUICE_TRY(checkFamily(family, what));
+  SLUICE_TRY(checkArgs(family, table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
   auto route = buildLocalDefaultRoute(family, table, oifIndex, what);
@@ -409,7 +415,7 @@ Status addLocalDefaultRoute(int family, uint32_t table, int oifIndex) {
 
 Status deleteLocalDefaultRoute(int family, uint32_t table, int oifIndex) {
   const std::string what = "delete " + describeRoute(family, table, oifIndex);
-  SLUICE_TRY(checkFamily(family, what));
+  SLUICE_TRY(checkArgs(family, table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
   auto route = buildLocalDefaultRoute(family, table, oifIndex, what);
@@ -431,7 +437,7 @@ Status deleteLocalDefaultRoute(int family, uint32_t table, int oifIndex) {
 
 Result<bool> localDefaultRouteExists(int family, uint32_t table) {
   const std::string what = fmt::format("dump {} routes", familyName(family));
-  SLUICE_TRY(checkFamily(family, what));
+  SLUICE_TRY(checkArgs(family, table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
   // The dump covers every table (libnl does not ask for kernel-side

@@ -70,12 +70,14 @@ struct LinkInfo {
 Result<std::vector<LinkInfo>> listLinks();
 
 /// A policy routing rule "prio PRIORITY fwmark MARK/MASK lookup TABLE".
+/// The functions below reject other families (EAFNOSUPPORT) and table 0
+/// (EINVAL).
 struct PolicyRule {
   int family = 0;  ///< AF_INET or AF_INET6
   uint32_t mark = 0;
   uint32_t mask = 0;
   uint32_t priority = 0;
-  uint32_t table = 0;
+  uint32_t table = 0;  ///< non-zero
 };
 
 /// Adds @p rule (like `ip rule add`). Succeeds without change when a rule
@@ -93,7 +95,8 @@ Result<bool> policyRuleExists(const PolicyRule& rule);
 /// Installs the route `ip route replace local 0.0.0.0/0 dev lo table TABLE`
 /// (or `local ::/0` for AF_INET6): type local, scope host, out of interface
 /// @p oifIndex (normally lo). Replacing makes it idempotent. For AF_INET6
-/// the kernel requires the interface to be up (ENETDOWN otherwise).
+/// the kernel requires the interface to be up (ENETDOWN otherwise). Like
+/// the other route functions, rejects other families and table 0.
 Status addLocalDefaultRoute(int family, uint32_t table, int oifIndex);
 
 /// Removes the route addLocalDefaultRoute installs; succeeds when absent.

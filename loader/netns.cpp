@@ -15,7 +15,6 @@
 #include <system_error>
 #include <thread>
 
-
 // Older uapi headers lack these; the values are fixed kernel ABI.
 #ifndef NSFS_MAGIC
 #define NSFS_MAGIC 0x6e736673
@@ -62,13 +61,13 @@ Status runInNetns(int nsfd, const std::function<Status()>& fn) {
   // thread of its own that simply ends afterwards. The namespace it joined is
   // dropped with it; the caller's thread is never touched.
   std::optional<Status> result;
-  auto body = [&]() {
-    if (::setns(nsfd, CLONE_NEWNET) != 0) {
-      result = Error::fromErrno(errno, "setns into network namespace (fd " +
-                                           std::to_string(nsfd) + ")");
-      return;
-    }
+  auto body = [&]() noexcept {
     try {
+      if (::setns(nsfd, CLONE_NEWNET) != 0) {
+        result = Error::fromErrno(errno, "setns into network namespace (fd " +
+                                             std::to_string(nsfd) + ")");
+        return;
+      }
       result = fn();
     } catch (const std::exception& e) {
       result = Error::msg(std::string("exception in network namespace task: ") + e.what());
@@ -77,8 +76,7 @@ Status runInNetns(int nsfd, const std::function<Status()>& fn) {
     }
   };
   try {
-    std::thread worker(body);
-    worker.join();
+    std::jthread worker(body);  // joined when it goes out of scope
   } catch (const std::system_error& e) {
     return Error::msg(std::string("cannot start network namespace thread: ") + e.what(),
                       e.code().value());

@@ -6,6 +6,8 @@
 #include <cstdarg>
 #include <mutex>
 
+#include <bpf/btf.h>
+
 #include "pod_tc.skel.h"
 
 namespace sluice {
@@ -32,6 +34,20 @@ int libbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
   return n;
 }
 
+// The kernel features the programs cannot load without, checked before the
+// load so that the error names the feature rather than a verifier line.
+Status checkKernelFeatures() {
+  struct btf* vmlinux = btf__load_vmlinux_btf();
+  if (!vmlinux || libbpf_get_error(vmlinux))
+    return Error::msg("kernel has no BTF (/sys/kernel/btf/vmlinux; CONFIG_DEBUG_INFO_BTF=y is required)", ENOTSUP);
+  int id = btf__find_by_name_kind(vmlinux, "bpf_cast_to_kern_ctx", BTF_KIND_FUNC);
+  btf__free(vmlinux);
+  if (id < 0)
+    return Error::msg("kernel lacks the bpf_cast_to_kern_ctx kfunc (Linux 6.3+), needed to find the pod of an inbound packet",
+                      ENOTSUP);
+  return {};
+}
+
 }  // namespace
 
 void routeLibbpfLogging() {
@@ -41,6 +57,7 @@ void routeLibbpfLogging() {
 
 Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) {
   routeLibbpfLogging();
+  SLUICE_TRY(checkKernelFeatures());
   std::unique_ptr<PodPrograms> p(new PodPrograms());
   LIBBPF_OPTS(bpf_object_open_opts, opts, .pin_root_path = root.c_str());
   p->skel_ = pod_tc__open_opts(&opts);

@@ -9,6 +9,14 @@
 
 #include "loader/fd.h"
 
+// Why the calling thread matters: /proc/sys/net is resolved against the
+// network namespace of the thread doing the path lookup (the kernel's net
+// sysctl table is chosen by current->nsproxy->net_ns), not that of the
+// process or its main thread. Opening the file here, on the calling thread,
+// therefore reads and writes the namespace that thread is in, e.g. the one
+// runInNetns() joined. An open fd stays bound to the namespace it was opened
+// in, so nothing here caches fds.
+
 namespace sluice {
 namespace {
 
@@ -25,8 +33,8 @@ std::string trim(const std::string& s) {
 // escape /proc/sys.
 Result<std::string> sysctlPath(const std::string& name) {
   if (name.empty() || name.front() == '/') {
-    return Error::msg("sysctl name \"" + name + "\": must be a relative path like net/ipv4/ip_forward",
-                      EINVAL);
+    return Error::msg(
+        "sysctl name \"" + name + "\": must be a relative path like net/ipv4/ip_forward", EINVAL);
   }
   size_t start = 0;
   while (start <= name.size()) {
@@ -38,12 +46,6 @@ Result<std::string> sysctlPath(const std::string& name) {
     }
     start = end + 1;
   }
-  // Why the thread matters: /proc/sys/net is resolved against the network
-  // namespace of the thread doing the lookup (the kernel's sysctl "is_seen"
-  // check compares with current->nsproxy->net_ns), not the process or the
-  // main thread. Opening it here, on the calling thread, therefore reads and
-  // writes the namespace that thread is in, e.g. the one runInNetns joined.
-  // An fd, once open, stays bound to the namespace it was opened in.
   return "/proc/sys/" + name;
 }
 

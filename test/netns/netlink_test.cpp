@@ -22,6 +22,8 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <linux/fib_rules.h>
+#include <netlink/route/rule.h>
 
 #include "loader/fd.h"
 #include "loader/netlink.h"
@@ -394,10 +396,88 @@ TEST_F(Netlink, PolicyRuleMatchesOnlyExactRule) {
   EXPECT_EQ(countOf(out.output, "fwmark 0x111/0xfff lookup 101"), 1) << out.output;
 }
 
-TEST_F(Netlink, PolicyRuleRejectsUnknownFamily) {
+TEST_F(Netlink, DeletePolicyRuleRemovesDuplicates) {
+  // Current iproute2 adds rules with NLM_F_EXCL, so stack two identical ones
+  // the way older tools did: through libnl without it.
+  const PolicyRule rule{AF_INET, 0x111, 0xfff, 101, 100};
+  Status st = ns_->run([&]() -> Status {
+    auto sock = NetlinkSocket::open();
+    SLUICE_TRY(sock);
+    std::unique_ptr<rtnl_rule, void (*)(rtnl_rule*)> r(rtnl_rule_alloc(), rtnl_rule_put);
+    rtnl_rule_set_family(r.get(), AF_INET);
+    rtnl_rule_set_prio(r.get(), rule.priority);
+    rtnl_rule_set_mark(r.get(), rule.mark);
+    rtnl_rule_set_mask(r.get(), rule.mask);
+    rtnl_rule_set_table(r.get(), rule.table);
+    rtnl_rule_set_action(r.get(), FR_ACT_TO_TBL);
+    for (int i = 0; i < 2; ++i) {
+      SLUICE_TRY(sock->call([&](nl_sock* s) { return rtnl_rule_add(s, r.get(), 0); }, "add dup"));
+    }
+    return {};
+  });
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  auto out = ns_->ip("rule");
+  ASSERT_EQ(countOf(out.output, "fwmark 0x111/0xfff lookup 100"), 2) << out.output;
+
+  st = ns_->run([&] { return addPolicyRule(rule); });
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  out = ns_->ip("rule");
+  EXPECT_EQ(countOf(out.output, "fwmark 0x111/0xfff lookup 100"), 2) << out.output;
+
+  st = ns_->run([&] { return deletePolicyRule(rule); });
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  out = ns_->ip("rule");
+  EXPECT_EQ(countOf(out.output, "fwmark 0x111/0xfff lookup 100"), 0) << out.output;
+}
+
+TEST_F(Netlink, KernelErrorWithoutExtendedAck) {
+  // Deleting a missing rule: the kernel's own errno, not libnl's NLE code.
+  Status st = ns_->run([]() -> Status {
+    auto sock = NetlinkSocket::open();
+    SLUICE_TRY(sock);
+    std::unique_ptr<rtnl_rule, void (*)(rtnl_rule*)> r(rtnl_rule_alloc(), rtnl_rule_put);
+    rtnl_rule_set_family(r.get(), AF_INET);
+    rtnl_rule_set_prio(r.get(), 4242);
+    rtnl_rule_set_table(r.get(), 4242);
+    return sock->call([&](nl_sock* s) { return rtnl_rule_delete(s, r.get(), 0); }, "delete rule");
+  });
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, ENOENT);
+  EXPECT_EQ(st.error().message.rfind("delete rule: No such file or directory", 0), 0u)
+      << st.error().message;
+}
+
+TEST_F(Netlink, MovedFromSocketFailsCleanly) {
+  Status st = ns_->run([]() -> Status {
+    auto sock = NetlinkSocket::open();
+    SLUICE_TRY(sock);
+    NetlinkSocket moved(std::move(*sock));
+    EXPECT_NE(moved.get(), nullptr);
+    EXPECT_EQ(sock->get(), nullptr);  // NOLINT(bugprone-use-after-move)
+    return sock->call([](nl_sock*) { return 0; }, "use moved-from socket");
+  });
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, EBADF);
+}
+
+TEST_F(Netlink, RejectsBadArguments) {
   Status st = ns_->run([] { return addPolicyRule(PolicyRule{AF_UNIX, 1, 1, 1, 100}); });
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, EAFNOSUPPORT);
+  // Table 0 would make the kernel pick a table of its own choosing.
+  st = ns_->run([] { return addPolicyRule(PolicyRule{AF_INET, 1, 1, 1, 0}); });
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, EINVAL);
+  EXPECT_EQ(st.error().message,
+            "add IPv4 rule prio 1 fwmark 0x1/0x1 lookup 0: routing table 0 is not a table");
+  st = ns_->run([] { return addLocalDefaultRoute(AF_INET, 0, 1); });
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, EINVAL);
+  auto exists = ns_->get<bool>([] { return localDefaultRouteExists(AF_PACKET, 100); });
+  ASSERT_FALSE(exists.ok());
+  EXPECT_EQ(exists.error().code, EAFNOSUPPORT);
+  auto out = ns_->ip("rule");
+  EXPECT_EQ(countOf(out.output, "fwmark"), 0) << out.output;
 }
 
 void checkLocalRouteLifecycle(const ScopedNetns& ns, int family, const std::string& ipFamily) {
