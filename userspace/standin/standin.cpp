@@ -3,7 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
+#include <pthread.h>
 #include <sched.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstring>
 #include <future>
 #include <map>
@@ -351,8 +352,6 @@ const char* kindName(Kind k) {
   return "?";
 }
 
-class Server;
-
 /// Something registered in the epoll set: up to two fds ("sides").
 class Session {
  public:
@@ -436,16 +435,22 @@ class Server {
   uint64_t nextId_ = 1;
 };
 
-/// Counts a client connection for openConnections() while alive.
+/// Counts a client connection for openConnections() until released (before
+/// its sockets close, so a client that saw the close sees the count too).
 class ConnectionCount {
  public:
   explicit ConnectionCount(std::atomic<size_t>& n) : n_(n) { ++n_; }
-  ~ConnectionCount() { --n_; }
+  ~ConnectionCount() { release(); }
   ConnectionCount(const ConnectionCount&) = delete;
   ConnectionCount& operator=(const ConnectionCount&) = delete;
+  void release() {
+    if (!released_) --n_;
+    released_ = true;
+  }
 
  private:
   std::atomic<size_t>& n_;
+  bool released_ = false;
 };
 
 /// A listening TCP socket.
@@ -637,6 +642,7 @@ class DnsTcpConnection final : public Session {
     server_.watch(fd_.get(), id_, 0, want, registered_);
   }
   void fail() {
+    count_.release();
     fd_.reset();  // closing removes it from the epoll set
     finished_ = true;
   }
@@ -757,6 +763,7 @@ class Relay final : public Session {
   }
 
   void close() {
+    count_.release();
     client_.reset();
     upstream_.reset();
     finished_ = true;
@@ -1056,6 +1063,7 @@ Result<std::unique_ptr<ProxyStandIn>> ProxyStandIn::start(const StandInConfig& c
   auto readyFuture = ready.get_future();
   State* st = state.get();
   state->thread = std::thread([st, ready = std::move(ready)]() mutable {
+    ::pthread_setname_np(::pthread_self(), "sluice-standin");
     if (!st->config.netnsPath.empty()) {
       // Only this thread moves; every socket it creates belongs to the netns.
       Fd ns(::open(st->config.netnsPath.c_str(), O_RDONLY | O_CLOEXEC));
