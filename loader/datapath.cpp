@@ -1,6 +1,8 @@
 #include "loader/datapath.h"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 
@@ -74,6 +76,55 @@ std::string describeConfig(const PodInfo& p) {
   return s;
 }
 
+Result<sluice_pod_addr> parsePodAddr(const std::string& text) {
+  sluice_pod_addr a{};
+  if (inet_pton(AF_INET, text.c_str(), a.addr) == 1) {
+    a.family = AF_INET;
+    return a;
+  }
+  if (inet_pton(AF_INET6, text.c_str(), a.addr) == 1) {
+    a.family = AF_INET6;
+    return a;
+  }
+  return Error::msg("invalid pod address '" + text + "'", EINVAL);
+}
+
+std::string formatPodAddr(const sluice_pod_addr& a) {
+  char buf[INET6_ADDRSTRLEN] = {};
+  inet_ntop(a.family, a.addr, buf, sizeof(buf));
+  return buf;
+}
+
+// The pod's addresses: every address of its non-loopback interfaces but
+// IPv6 link-local ones (probes go to the pod IP). Calling thread's netns.
+Result<std::vector<sluice_pod_addr>> discoverPodAddrs() {
+  struct ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return Error::fromErrno(errno, "list the pod's addresses");
+  std::vector<sluice_pod_addr> out;
+  for (auto* i = list; i; i = i->ifa_next) {
+    if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
+    sluice_pod_addr a{};
+    if (i->ifa_addr->sa_family == AF_INET) {
+      a.family = AF_INET;
+      std::memcpy(a.addr, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, 4);
+    } else if (i->ifa_addr->sa_family == AF_INET6) {
+      const auto& in6 = reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
+      if (IN6_IS_ADDR_LINKLOCAL(&in6)) continue;
+      a.family = AF_INET6;
+      std::memcpy(a.addr, &in6, 16);
+    } else {
+      continue;
+    }
+    out.push_back(a);
+  }
+  freeifaddrs(list);
+  return out;
+}
+
+std::string hostPin(const std::string& dir, const sluice_pod_iface& host, TcHook hook) {
+  return dir + "/host_" + std::string(host.name, strnlen(host.name, sizeof(host.name))) + "_" + tcHookName(hook);
+}
+
 uint64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -142,6 +193,9 @@ PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
     for (uint32_t r = 0; r < rec.config.reroute_count && r < SLUICE_MAX_REROUTE_IFACES; r++)
       if (rec.config.reroute_ifindex[r] == rec.ifaces[i].ifindex) p.rerouteIfaces.push_back(name);
   }
+  if (rec.host_iface.ifindex) p.hostIface = fromFixed(rec.host_iface.name, sizeof(rec.host_iface.name));
+  p.nodeNetnsPath = fromFixed(rec.node_netns_path, sizeof(rec.node_netns_path));
+  for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) p.ips.push_back(formatPodAddr(rec.addrs[i]));
   return p;
 }
 
@@ -217,6 +271,19 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   auto existing = programs_->pods.lookup(podKey(id));
   bool alreadyEnrolled = false;
   auto knownPods = programs_->pods.keys();
+  int podVethIfindex = 0, peerIfindex = 0;
+  if (spec.ips.size() > SLUICE_MAX_POD_ADDRS)
+    return Error::msg("at most " + std::to_string(SLUICE_MAX_POD_ADDRS) + " --ip", EINVAL);
+  for (const auto& ip : spec.ips) {
+    auto a = parsePodAddr(ip);
+    SLUICE_TRY(a);
+    rec.addrs[rec.addr_count++] = *a;
+  }
+  if (spec.nodeNetnsPath) {
+    if (spec.nodeNetnsPath->size() >= sizeof(rec.node_netns_path))
+      return Error::msg("node netns path is too long", EINVAL);
+    copyString(rec.node_netns_path, sizeof(rec.node_netns_path), *spec.nodeNetnsPath);
+  }
 
   // Everything in the pod's netns happens on one thread that entered it;
   // on failure the steps done so far are undone on that same thread.
@@ -268,6 +335,24 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
     if (attachTo.size() > SLUICE_MAX_POD_IFACES)
       return Error::msg("netns " + spec.netnsPath + " has more than " + std::to_string(SLUICE_MAX_POD_IFACES) + " interfaces", E2BIG);
     if (!rec.lo_ifindex) return Error::msg("netns " + spec.netnsPath + " has no loopback interface", ENODEV);
+
+    // Node side inputs: the veth whose peer is the host-side interface
+    // (eth0 first), and the addresses probes will target.
+    for (const auto& l : attachTo) {
+      if (l.kind != "veth" || !l.linkIfindex) continue;
+      if (!podVethIfindex || l.name == "eth0") {
+        podVethIfindex = l.ifindex;
+        peerIfindex = l.linkIfindex;
+      }
+    }
+    if (spec.nodeNetnsPath && spec.ips.empty()) {
+      auto found = discoverPodAddrs();
+      SLUICE_TRY(found);
+      for (const auto& a : *found) {
+        if (rec.addr_count == SLUICE_MAX_POD_ADDRS) break;
+        rec.addrs[rec.addr_count++] = a;
+      }
+    }
 
     Rollback undo;
     // A looped-back outbound packet arrives with the pod's own address as
@@ -363,6 +448,10 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   sluice_pod_stats zero{};
   Status st = programs_->pods.update(podKey(id), rec, BPF_NOEXIST);
   if (st.ok()) st = programs_->podStats.update(rec.netns_cookie, zero);
+  if (st.ok() && spec.nodeNetnsPath) {
+    st = addNodeSide(id, spec, podVethIfindex, peerIfindex, rec);
+    if (st.ok()) st = programs_->pods.update(podKey(id), rec);
+  }
   if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
   if (!st.ok()) {
     (void)programs_->pods.update(podKey(id), rec);  // teardown reads the record
@@ -373,6 +462,60 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   spdlog::info("enrolled pod {} (netns {}, {}, {} interface(s), {})", id, spec.netnsPath, info.tcMode,
                info.interfaces.size(), describeConfig(info));
   return info;
+}
+
+Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
+                             sluice_pod_record& rec) {
+  // The pod's addresses (Istio's probe ipset). An address another pod has
+  // registered is a conflict, not something to take over.
+  for (uint32_t i = 0; i < rec.addr_count; i++) {
+    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
+    if (owner && owner->netns_cookie != rec.netns_cookie)
+      return Error::msg("address " + formatPodAddr(rec.addrs[i]) + " is already registered for another pod", EEXIST);
+  }
+  for (uint32_t i = 0; i < rec.addr_count; i++)
+    SLUICE_TRY(programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}));
+
+  std::string nodePath = spec.nodeNetnsPath->empty() ? "/proc/self/ns/net" : *spec.nodeNetnsPath;
+  auto nodeNs = openNetns(nodePath);
+  if (!nodeNs.ok()) return Error::msg("node " + nodeNs.error().message, nodeNs.error().code);
+  TcMode mode = rec.tc_mode == SLUICE_TC_LEGACY ? TcMode::Legacy : TcMode::Tcx;
+  std::string dir = linkDir(id);
+  return runInNetns(nodeNs->get(), [&]() -> Status {
+    auto cookie = currentNetnsCookie();
+    SLUICE_TRY(cookie);
+    rec.node_netns_cookie = *cookie;
+    // The host-side veth: the link the pod's veth names as its peer, and
+    // that names the pod's veth back (ifindexes alone can collide).
+    const LinkInfo* host = nullptr;
+    auto links = listLinks();
+    SLUICE_TRY(links);
+    for (const auto& l : *links)
+      if (peerIfindex && l.ifindex == peerIfindex && l.kind == "veth" && l.linkIfindex == podVethIfindex) host = &l;
+    if (!host) {
+      if (spec.nodeNetnsPath->empty()) {
+        spdlog::warn("pod {}: no host-side veth of the pod in this netns; probe SNAT not attached", id);
+        return {};
+      }
+      return Error::msg("no host-side veth of pod '" + id + "' in node netns " + nodePath, ENODEV);
+    }
+    copyString(rec.host_iface.name, sizeof(rec.host_iface.name), host->name);
+    rec.host_iface.ifindex = host->ifindex;
+    rec.host_iface.accept_local_before = -1;
+    for (TcHook hook : {TcHook::Egress, TcHook::Ingress}) {
+      int fd = hook == TcHook::Egress ? programs_->hostEgressFd() : programs_->hostIngressFd();
+      if (mode == TcMode::Legacy) {
+        auto created = attachLegacy(host->ifindex, hook, fd);
+        SLUICE_TRY(created);
+        if (*created) rec.host_iface.created_clsact = 1;
+      } else {
+        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) return Error::fromErrno(errno, "mkdir " + dir);
+        SLUICE_TRY(attachTcx(host->ifindex, hook, fd, hostPin(dir, rec.host_iface, hook)));
+      }
+    }
+    spdlog::info("pod {}: probe SNAT on host-side {} ({} address(es))", id, host->name, rec.addr_count);
+    return {};
+  });
 }
 
 Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
@@ -421,8 +564,39 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   }
   if (!nsAlive) spdlog::info("pod {}: netns {} is gone; its attachments went with it", id, path);
 
+  // Node side: addresses (only ours), SNAT state, legacy filters.
+  for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) {
+    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
+    if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
+  }
+  for (const auto* m : {&programs_->snatFwd, &programs_->snatRev})
+    for (const auto& k : m->keys()) {
+      auto v = m->lookup(k);
+      if (v && v->netns_cookie == rec.netns_cookie) keep(m->erase(k));
+    }
+  if (rec.host_iface.ifindex && rec.tc_mode == SLUICE_TC_LEGACY) {
+    std::string nodePath = fromFixed(rec.node_netns_path, sizeof(rec.node_netns_path));
+    auto nodeNs = openNetns(nodePath.empty() ? "/proc/self/ns/net" : nodePath);
+    if (nodeNs.ok()) {
+      keep(runInNetns(nodeNs->get(), [&]() -> Status {
+        auto cookie = currentNetnsCookie();
+        SLUICE_TRY(cookie);
+        if (*cookie != rec.node_netns_cookie) return {};
+        Status st = detachLegacy(rec.host_iface.ifindex, TcHook::Ingress, false);
+        Status st2 = detachLegacy(rec.host_iface.ifindex, TcHook::Egress, rec.host_iface.created_clsact);
+        return st.ok() ? st2 : st;
+      }));
+    } else if (nodeNs.error().code != ENOENT) {
+      keep(nodeNs.error());
+    }
+  }
+
   // tcx links are pinned: detach and unpin wherever the netns is.
   std::string dir = linkDir(id);
+  if (rec.host_iface.ifindex) {
+    keep(detachTcx(hostPin(dir, rec.host_iface, TcHook::Ingress)));
+    keep(detachTcx(hostPin(dir, rec.host_iface, TcHook::Egress)));
+  }
   for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
     std::string name = fromFixed(rec.ifaces[i].name, sizeof(rec.ifaces[i].name));
     keep(detachTcx(dir + "/" + name + "_ingress"));
@@ -479,6 +653,7 @@ Result<std::vector<PodCounters>> Datapath::stats(const std::optional<std::string
       c.stats.owned_pkts += v.owned_pkts;
       c.stats.passed_pkts += v.passed_pkts;
       c.stats.dropped_pkts += v.dropped_pkts;
+      c.stats.probe_conns += v.probe_conns;
     }
     out.push_back(c);
   }

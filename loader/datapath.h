@@ -44,6 +44,12 @@ struct PodSpec {
   bool dnsCapture = true;
   bool inboundCapture = true;
   std::vector<std::string> rerouteIfaces;
+  /// Node side (probe SNAT): the netns holding the pod's host-side
+  /// interface; "" is the caller's own netns. nullopt: no node side.
+  std::optional<std::string> nodeNetnsPath;
+  /// The pod's addresses for probe SNAT; empty: discovered in the pod netns
+  /// (every address of its non-loopback interfaces but IPv6 link-local).
+  std::vector<std::string> ips;
 };
 
 /// An enrolled pod as the registry records it.
@@ -58,6 +64,9 @@ struct PodInfo {
   std::vector<std::string> rerouteIfaces;  ///< by name
   bool ipv6Routes = false;
   uint64_t enrolledAtNs = 0;
+  std::string hostIface;           ///< node-side interface ("" if none)
+  std::string nodeNetnsPath;       ///< "" = the enrolling process's netns
+  std::vector<std::string> ips;    ///< registered for probe SNAT
 };
 
 /// Counters summed over CPUs.
@@ -110,6 +119,10 @@ class Datapath {
 
   std::string linkDir(const std::string& id) const;
   Status teardown(const std::string& id, const sluice_pod_record& rec);
+  /// Node side of addPod: finds the host-side veth in the node netns and
+  /// attaches the probe SNAT programs; registers the pod's addresses.
+  Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
+                     sluice_pod_record& rec);
 
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;

@@ -8,6 +8,7 @@
 
 #include <bpf/btf.h>
 
+#include "host_tc.skel.h"
 #include "pod_tc.skel.h"
 
 namespace sluice {
@@ -67,6 +68,12 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
       return Error::fromErrno(EPERM, "load BPF programs (needs root: CAP_BPF, CAP_NET_ADMIN)");
     return Error::fromErrno(err, "load BPF programs (run with --log-level debug for the verifier log)");
   }
+  // The node programs second: their maps are the pod programs' (pinned by
+  // name under the same root, so libbpf reuses them).
+  p->host_ = host_tc__open_opts(&opts);
+  if (!p->host_) return Error::fromErrno(errno, "open BPF object host_tc");
+  if (int err = host_tc__load(p->host_); err != 0)
+    return Error::fromErrno(err, "load node BPF programs (run with --log-level debug for the verifier log)");
   auto& m = p->skel_->maps;
   auto settings = BpfMap<__u32, sluice_settings>::of(m.settings);
   auto podConfig = BpfMap<__u64, sluice_pod_config>::of(m.pod_config);
@@ -78,6 +85,15 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   SLUICE_TRY(podStats);
   SLUICE_TRY(dnsNat);
   SLUICE_TRY(pods);
+  auto podAddrs = BpfMap<sluice_pod_addr, sluice_pod_addr_info>::of(m.pod_addrs);
+  auto snatFwd = BpfMap<sluice_snat_key, sluice_snat_value>::of(m.snat_fwd);
+  auto snatRev = BpfMap<sluice_snat_key, sluice_snat_value>::of(m.snat_rev);
+  SLUICE_TRY(podAddrs);
+  SLUICE_TRY(snatFwd);
+  SLUICE_TRY(snatRev);
+  p->podAddrs = *podAddrs;
+  p->snatFwd = *snatFwd;
+  p->snatRev = *snatRev;
   p->settings = *settings;
   p->podConfig = *podConfig;
   p->podStats = *podStats;
@@ -87,11 +103,14 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
 }
 
 PodPrograms::~PodPrograms() {
+  if (host_) host_tc__destroy(host_);
   if (skel_) pod_tc__destroy(skel_);
 }
 
 int PodPrograms::egressFd() const { return bpf_program__fd(skel_->progs.pod_egress); }
 int PodPrograms::ingressFd() const { return bpf_program__fd(skel_->progs.pod_ingress); }
 int PodPrograms::loEgressFd() const { return bpf_program__fd(skel_->progs.pod_lo_egress); }
+int PodPrograms::hostEgressFd() const { return bpf_program__fd(host_->progs.host_egress); }
+int PodPrograms::hostIngressFd() const { return bpf_program__fd(host_->progs.host_ingress); }
 
 }  // namespace sluice

@@ -9,12 +9,15 @@
 #include "loader/result.h"
 #include "maps/sluice_maps.h"
 
-struct pod_tc;  // generated skeleton
+struct pod_tc;   // generated skeletons
+struct host_tc;
 
 namespace sluice {
 
-/// Owns the skeleton: programs loaded into the kernel, maps created or
-/// reused from pins under the bpffs root. Typed maps, never names as strings.
+/// Owns the skeletons of the pod programs (bpf/pod_tc.bpf.c) and the node
+/// programs (bpf/host_tc.bpf.c): programs loaded into the kernel, maps
+/// created or reused from pins under the bpffs root, so both objects share
+/// them. Typed maps, never names as strings.
 class PodPrograms {
  public:
   /// Opens and loads the programs; maps are pinned by name under `root`
@@ -27,16 +30,22 @@ class PodPrograms {
   int egressFd() const;
   int ingressFd() const;
   int loEgressFd() const;
+  int hostEgressFd() const;
+  int hostIngressFd() const;
 
   BpfMap<__u32, sluice_settings> settings;
   BpfMap<__u64, sluice_pod_config> podConfig;
   BpfMap<__u64, sluice_pod_stats> podStats;
   BpfMap<sluice_dns_nat_key, sluice_dns_nat_value> dnsNat;
   BpfMap<sluice_pod_id, sluice_pod_record> pods;
+  BpfMap<sluice_pod_addr, sluice_pod_addr_info> podAddrs;
+  BpfMap<sluice_snat_key, sluice_snat_value> snatFwd;
+  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;
 
  private:
   PodPrograms() = default;
   struct pod_tc* skel_ = nullptr;
+  struct host_tc* host_ = nullptr;
 };
 
 /// Routes libbpf's own log into spdlog, one level lower than libbpf's

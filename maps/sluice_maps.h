@@ -62,6 +62,11 @@ enum sluice_tag {
 /* Capacities. */
 #define SLUICE_MAX_PODS 16384
 #define SLUICE_DNS_NAT_ENTRIES 65536
+#define SLUICE_MAX_POD_ADDRS 8
+#define SLUICE_POD_ADDR_ENTRIES (SLUICE_MAX_PODS * 4)
+#define SLUICE_SNAT_ENTRIES 65536
+/* Ports tried for a probe connection whose source port is taken. */
+#define SLUICE_SNAT_PORT_TRIES 16
 
 /* Pin names, relative to the bpffs root (default /sys/fs/bpf/sluice). */
 #define SLUICE_DEFAULT_BPFFS_ROOT "/sys/fs/bpf/sluice"
@@ -70,6 +75,9 @@ enum sluice_tag {
 #define SLUICE_PIN_POD_STATS "pod_stats"
 #define SLUICE_PIN_DNS_NAT "dns_nat"
 #define SLUICE_PIN_PODS "pods"
+#define SLUICE_PIN_POD_ADDRS "pod_addrs"
+#define SLUICE_PIN_SNAT_FWD "snat_fwd"
+#define SLUICE_PIN_SNAT_REV "snat_rev"
 #define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
 
 /*
@@ -112,8 +120,9 @@ struct sluice_pod_stats {
 	__u64 owned_pkts;      /* later packets handed to a proxy-owned socket */
 	__u64 passed_pkts;     /* packets inspected and left alone */
 	__u64 dropped_pkts;    /* fail closed: no proxy socket to hand to */
+	__u64 probe_conns;     /* node-side: probe connections given the probe source */
 };
-SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_stats) == 64, "sluice_pod_stats layout");
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_stats) == 72, "sluice_pod_stats layout");
 
 /*
  * DNS translation, recorded when a query is captured and applied to the
@@ -137,6 +146,51 @@ struct sluice_dns_nat_value {
 	__u32 pad2;
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_dns_nat_value) == 24, "sluice_dns_nat_value layout");
+
+/*
+ * Node side (spec rules 10, 11). The enrolled pods' addresses, the ipset
+ * `istio-inpod-probes-v4/-v6` of Istio, keyed by address.
+ */
+struct sluice_pod_addr {
+	__u8 addr[16]; /* v4 uses the first 4 bytes, the rest zero */
+	__u8 family;   /* AF_INET / AF_INET6 */
+	__u8 pad[3];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr) == 20, "sluice_pod_addr layout");
+
+struct sluice_pod_addr_info {
+	__u64 netns_cookie; /* the pod's counters in pod_stats */
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr_info) == 8, "sluice_pod_addr_info layout");
+
+/*
+ * Probe SNAT state: one TCP connection as it appears on the wire at the
+ * pod's host-side interface. snat_fwd: original (node addr:port -> pod
+ * addr:port) -> translated source; snat_rev: the reply as the pod sends it
+ * (pod addr:port -> probe addr:port) -> original node addr:port.
+ */
+struct sluice_snat_key {
+	__u8 saddr[16];
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 family;
+	__u8 pad[3];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_snat_key) == 40, "sluice_snat_key layout");
+
+/* Connection-close tracking in sluice_snat_value.flags. */
+#define SLUICE_SNAT_FIN_OUT (1u << 0) /* the prober sent FIN */
+#define SLUICE_SNAT_FIN_IN (1u << 1)  /* the pod sent FIN */
+
+struct sluice_snat_value {
+	__u8 addr[16]; /* fwd: probe address; rev: the prober's address */
+	__be16 port;   /* fwd: translated port; rev: the prober's port */
+	__u16 flags;   /* SLUICE_SNAT_FIN_* (kept in the fwd entry) */
+	__u32 pad;
+	__u64 netns_cookie;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_snat_value) == 32, "sluice_snat_value layout");
 
 /* Attach mode recorded per pod. */
 enum sluice_tc_mode {
@@ -180,8 +234,16 @@ struct sluice_pod_record {
 	__u32 lo_ifindex;
 	struct sluice_pod_iface ifaces[SLUICE_MAX_POD_IFACES];
 	struct sluice_pod_config config;
+	/* Node side: the pod's host-side interface and its addresses. */
+	char node_netns_path[SLUICE_NETNS_PATH_LEN]; /* empty: sluicectl's own netns */
+	__u64 node_netns_cookie;
+	struct sluice_pod_iface host_iface; /* ifindex 0: none attached */
+	__u32 addr_count;
+	__u32 pad;
+	struct sluice_pod_addr addrs[SLUICE_MAX_POD_ADDRS];
 };
-SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_record) == 192 + 24 + 16 + 256 + 104,
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_record) ==
+			     192 + 24 + 16 + 256 + 104 + 192 + 8 + 32 + 8 + 160,
 		     "sluice_pod_record layout");
 
 #endif /* SLUICE_MAPS_H */

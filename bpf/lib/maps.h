@@ -54,6 +54,33 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pods SEC(".maps");
 
+/* Node side: enrolled pods' addresses (Istio's probe ipset). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SLUICE_POD_ADDR_ENTRIES);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct sluice_pod_addr);
+	__type(value, struct sluice_pod_addr_info);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_addrs SEC(".maps");
+
+/* Node side: probe SNAT state, both directions. Bounded: LRU. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SLUICE_SNAT_ENTRIES);
+	__type(key, struct sluice_snat_key);
+	__type(value, struct sluice_snat_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_fwd SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SLUICE_SNAT_ENTRIES);
+	__type(key, struct sluice_snat_key);
+	__type(value, struct sluice_snat_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_rev SEC(".maps");
+
 static __always_inline const struct sluice_settings *settings_get(void)
 {
 	__u32 zero = 0;

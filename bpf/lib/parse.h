@@ -171,6 +171,15 @@ static __always_inline int addr_is_loopback(const __u32 *a, __u8 family)
 	return a[0] == 0 && a[1] == 0 && a[2] == 0 && a[3] == bpf_htonl(1);
 }
 
+/* Copies an address of the family; the rest of dst is left as it is. */
+static __always_inline void addr_copy(void *dst, const void *src, __u8 family)
+{
+	if (family == AF_INET)
+		__builtin_memcpy(dst, src, 4);
+	else
+		__builtin_memcpy(dst, src, 16);
+}
+
 static __always_inline void addr_set_loopback(__u32 *a, __u8 family)
 {
 	if (family == AF_INET) {

@@ -2,6 +2,7 @@
 
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <iomanip>
@@ -41,6 +42,7 @@ std::string usage() {
 usage: sluicectl [--bpffs DIR] [--tc-mode auto|tcx|legacy] [--log-level LEVEL] COMMAND
   pod add    --netns PATH [--id NAME] [--dns-capture on|off]
              [--inbound-capture on|off] [--reroute-iface IFNAME]...
+             [--node-netns PATH] [--ip ADDR]...
   pod remove (--netns PATH | --id NAME)
   pod list   [--json]
   stats      [--id NAME] [--json]
@@ -52,6 +54,9 @@ global options:
 
 PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net); --id defaults to
 the netns file's name (pid-PID for /proc/PID/ns/net).
+--node-netns names the netns of the pod's host-side interface, where probe
+SNAT is attached (default: the one sluicectl runs in); --ip overrides the
+pod addresses found in the pod netns.
 )";
 }
 
@@ -116,7 +121,8 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     bool isAdd = cmd.verb == Verb::PodAdd;
     bool known = (flag == "--netns" && (isAdd || cmd.verb == Verb::PodRemove)) ||
                  (flag == "--id" && cmd.verb != Verb::PodList) ||
-                 (isAdd && (flag == "--dns-capture" || flag == "--inbound-capture" || flag == "--reroute-iface"));
+                 (isAdd && (flag == "--dns-capture" || flag == "--inbound-capture" || flag == "--reroute-iface" ||
+                            flag == "--node-netns" || flag == "--ip"));
     if (!known) return usageError("unknown option " + flag + " for this command");
     auto v = a.value(flag);
     SLUICE_TRY(v);
@@ -139,9 +145,19 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     } else if (flag == "--reroute-iface") {
       if (v->empty() || v->size() >= SLUICE_IFNAME_LEN) return usageError("invalid --reroute-iface '" + *v + "'");
       cmd.pod.rerouteIfaces.push_back(*v);
+    } else if (flag == "--node-netns") {
+      if (v->empty()) return usageError("--node-netns needs a path");
+      cmd.pod.nodeNetnsPath = *v;
+    } else if (flag == "--ip") {
+      in6_addr buf{};
+      if (inet_pton(AF_INET, v->c_str(), &buf) != 1 && inet_pton(AF_INET6, v->c_str(), &buf) != 1)
+        return usageError("invalid --ip '" + *v + "' (expected an IPv4 or IPv6 address)");
+      cmd.pod.ips.push_back(*v);
     }
   }
   if (cmd.verb == Verb::PodAdd && !haveNetns) return usageError("pod add needs --netns PATH");
+  // The node side is always on for the CLI: by default in its own netns.
+  if (cmd.verb == Verb::PodAdd && !cmd.pod.nodeNetnsPath) cmd.pod.nodeNetnsPath = "";
   if (cmd.verb == Verb::PodRemove && haveNetns == cmd.id.has_value())
     return usageError("pod remove needs exactly one of --netns PATH or --id NAME");
   return cmd;
@@ -160,6 +176,9 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
                      {"interfaces", p.interfaces},
                      {"reroute_ifaces", p.rerouteIfaces},
                      {"ipv6", p.ipv6Routes},
+                     {"host_iface", p.hostIface},
+                     {"node_netns", p.nodeNetnsPath},
+                     {"ips", p.ips},
                      {"enrolled_at_ns", p.enrolledAtNs}});
     }
     return arr.dump(2) + "\n";
@@ -183,7 +202,8 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
         {"outbound_conns", s.outbound_conns}, {"inbound_conns", s.inbound_conns},
         {"dns_tcp_conns", s.dns_tcp_conns},   {"dns_udp_queries", s.dns_udp_queries},
         {"dns_answers", s.dns_answers},       {"owned_pkts", s.owned_pkts},
-        {"passed_pkts", s.passed_pkts},       {"dropped_pkts", s.dropped_pkts}};
+        {"passed_pkts", s.passed_pkts},       {"dropped_pkts", s.dropped_pkts},
+        {"probe_conns", s.probe_conns}};
   };
   if (json) {
     auto arr = nlohmann::json::array();
