@@ -168,8 +168,16 @@ int pod_egress(struct __sk_buff *skb)
 	/* Rule 5: the proxy's own traffic. */
 	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
 		return pass(&c);
-	if (parse_flow(skb, &c.f) != PARSE_OK)
+	switch (parse_flow(skb, &c.f)) {
+	case PARSE_OK:
+		break;
+	case PARSE_TOO_DEEP:
+		/* Fail closed: it could be TCP we cannot see. Sockets add at most
+		 * four extension headers; only raw sockets build deeper chains. */
+		return drop(&c);
+	default:
 		return pass(&c);
+	}
 
 	if (c.f.proto == IPPROTO_TCP)
 		return egress_tcp(&c);

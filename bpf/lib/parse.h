@@ -31,6 +31,7 @@ enum parse_result {
 	PARSE_OK = 0,
 	PARSE_OTHER,     /* not IP, not TCP/UDP, or a fragment: not ours */
 	PARSE_MALFORMED, /* truncated or inconsistent headers */
+	PARSE_TOO_DEEP,  /* more IPv6 extension headers than we walk */
 };
 
 struct flow {
@@ -107,8 +108,16 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 			goto done;
 		}
 	}
-	/* More extension headers than we walk: not classified. */
-	return PARSE_OTHER;
+	/* SLUICE_MAX_EXT_HDRS walked: the next one must be the payload's. */
+	switch (nexthdr) {
+	case IPPROTO_HOPOPTS:
+	case IPPROTO_ROUTING:
+	case IPPROTO_DSTOPTS:
+	case IPPROTO_AH:
+		return PARSE_TOO_DEEP;
+	case IPPROTO_FRAGMENT:
+		return PARSE_OTHER;
+	}
 done:
 	f->family = AF_INET6;
 	f->proto = nexthdr;
@@ -120,7 +129,7 @@ done:
  * (veth, physical NICs and lo all present one at TC). */
 static __always_inline int parse_flow(struct __sk_buff *skb, struct flow *f)
 {
-	__u8 l4[14];
+	__u8 l4[20];
 	int ret;
 
 	__builtin_memset(f, 0, sizeof(*f));
@@ -135,9 +144,12 @@ static __always_inline int parse_flow(struct __sk_buff *skb, struct flow *f)
 		return ret;
 
 	if (f->proto == IPPROTO_TCP) {
-		if (bpf_skb_load_bytes(skb, f->l4_off, l4, 14) < 0)
+		/* The whole header, options included, must be there: the kernel
+		 * drops a shorter one, and a checksum fix-up at offset 16 would
+		 * fail half way through a rewrite. */
+		if (bpf_skb_load_bytes(skb, f->l4_off, l4, 20) < 0)
 			return PARSE_MALFORMED;
-		if ((l4[12] >> 4) < 5) /* data offset below the minimum header */
+		if ((l4[12] >> 4) < 5 || f->l4_off + (l4[12] >> 4) * 4 > skb->len)
 			return PARSE_MALFORMED;
 		f->tcp_flags = l4[13];
 	} else if (f->proto == IPPROTO_UDP) {

@@ -1,0 +1,318 @@
+// Malformed and unusual input through every program: never a crash (the
+// run completes), never a redirect or rewrite of something the spec leaves
+// alone; and headers of legal but uncommon shape (IPv4 options, IPv6
+// extension headers) still parsed at the right offsets.
+//
+// Each program gets base packets that it *would* act on when well formed:
+//   pod_egress    TCP SYN / UDP query from the pod to the resolver's port 53
+//                 (captured and translated, a dns_nat entry recorded)
+//   pod_ingress   TCP SYN from a remote peer to pod:8080 (captured; with no
+//                 15006 listener that means TC_ACT_SHOT)
+//   pod_lo_egress the DNS listener's TCP / UDP answers, with dns_nat entries
+//                 for them (translated)
+// so "left alone" (TC_ACT_OK, frame and mark unchanged, no dns_nat entry
+// added, only passed_pkts counted) is a real distinction.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "test/bpf/harness.h"
+#include "test/bpf/packet.h"
+
+namespace sluice::test {
+namespace {
+
+using namespace tcpflag;
+
+constexpr uint16_t kApp = 40000;
+constexpr uint16_t kDnsPort = SLUICE_DEFAULT_DNS_PORT;
+constexpr size_t kEth = 14;
+
+struct Base {
+  Prog prog;
+  const char* tag;
+  std::function<Packet(const Family&)> tcp;
+  std::function<Packet(const Family&)> udp;
+  std::function<std::vector<NatEntry>(const Family&)> seeds;
+  sluice_pod_stats passCounts;  // what "left alone" counts
+};
+
+const Base kBases[] = {
+    {Prog::Egress, "egress", [](const Family& f) { return Packet::tcp(f.pod, kApp, f.resolver, 53); },
+     [](const Family& f) { return Packet::udp(f.pod, kApp, f.resolver, 53); },
+     [](const Family&) { return std::vector<NatEntry>{}; }, {.passed_pkts = 1}},
+    {Prog::Ingress, "ingress", [](const Family& f) { return Packet::tcp(f.remote, kApp, f.pod, 8080); },
+     [](const Family& f) { return Packet::udp(f.remote, kApp, f.pod, 53); },  // left alone even when whole
+     [](const Family&) { return std::vector<NatEntry>{}; }, {.passed_pkts = 1}},
+    {Prog::LoEgress, "lo_egress",
+     [](const Family& f) { return Packet::tcp(f.pod, kDnsPort, f.pod, kApp, SYN | ACK); },
+     [](const Family& f) { return Packet::udp(f.loopback, kDnsPort, f.pod, kApp); },
+     [](const Family& f) {
+       return std::vector<NatEntry>{{f.pod, kApp, IPPROTO_TCP, f.resolver, 53},
+                                    {f.pod, kApp, IPPROTO_UDP, f.resolver, 53}};
+     },
+     {}},
+};
+
+size_t ipHeaderLen(const Family& f) { return &f == &kV4 ? 20 : 40; }
+
+std::string nm(const Base& b, const Family& f, const std::string& s) {
+  return std::string(b.tag) + "_" + f.tag + "_" + s;
+}
+
+// A case where the frame must be left alone.
+Case leftAlone(const Base& b, const Family& f, const std::string& name, const std::string& what, Packet in,
+               std::string bug = {}) {
+  return Case{.name = nm(b, f, name), .what = what, .prog = b.prog, .in = std::move(in), .natSeed = b.seeds(f),
+              .counts = b.passCounts, .bug = std::move(bug)};
+}
+
+std::vector<Case> leftAloneCases() {
+  std::vector<Case> cs;
+  for (const Base& b : kBases) {
+    for (const Family* fp : kFamilies) {
+      const Family& f = *fp;
+      const bool v4 = &f == &kV4;
+      const size_t l4 = kEth + ipHeaderLen(f);
+      auto add = [&](const std::string& name, const std::string& what, Packet in, std::string bug = {}) {
+        cs.push_back(leftAlone(b, f, name, what, std::move(in), std::move(bug)));
+      };
+
+      // Truncated frames. (Shorter than Ethernet + the fixed IP header, the
+      // kernel's test-run refuses them: TruncatedInsideIpHeaderRefused.)
+      add("truncated_ip_only", "a complete IP header, no transport header", b.tcp(f).truncate(l4));
+      add("truncated_tcp_4", "4 bytes of TCP header (ports only)", b.tcp(f).truncate(l4 + 4));
+      add("truncated_tcp_13", "13 bytes of TCP header (no flags byte)", b.tcp(f).truncate(l4 + 13));
+      add("truncated_udp_7", "7 bytes of UDP header", b.udp(f).truncate(l4 + 7));
+      if (v4) {
+        add("truncated_ipv4_options", "ihl 15 but only 10 of the 40 option bytes",
+            b.tcp(f).ipv4Options(10).truncate(kEth + 30));
+      } else {
+        add("truncated_ipv6_ext_header", "a hop-by-hop header cut after 1 byte",
+            b.tcp(f).ext(ext6::HOPOPTS).truncate(l4 + 1));
+        add("truncated_after_ipv6_ext_header", "a 64-byte destination-options header, then nothing",
+            b.tcp(f).ext(ext6::DSTOPTS, 64).truncate(l4 + 64));
+      }
+      // A TCP header the kernel's TCP would throw away (tcp_v4_rcv /
+      // tcp_v6_rcv: pskb_may_pull(th->doff * 4)); Istio's `-p tcp` match
+      // hot-drops a header shorter than 20 bytes as well.
+      {
+        std::string bug;  // none: parse_flow() loads the whole 20-byte header and checks doff
+        add("truncated_tcp_18", "18 bytes of TCP header (flags present, checksum field complete, "
+            "urgent pointer missing)", b.tcp(f).truncate(l4 + 18), bug);
+        add("truncated_tcp_16", "16 bytes of TCP header (flags present, checksum field missing)",
+            b.tcp(f).truncate(l4 + 16), bug);
+      }
+      // TCP data offset below the minimum.
+      for (uint8_t doff = 0; doff < 5; doff++)
+        add("tcp_doff_" + std::to_string(doff), "TCP data offset " + std::to_string(doff) + " (< 5)",
+            b.tcp(f).tcpDataOffsetField(doff));
+      // Bad IP headers.
+      if (v4) {
+        for (uint8_t ihl = 0; ihl < 5; ihl++)
+          add("ipv4_ihl_" + std::to_string(ihl), "IPv4 ihl " + std::to_string(ihl) + " (< 5)",
+              b.tcp(f).ihlField(ihl));
+        add("ipv4_version_6", "ethertype IPv4, version field 6", b.tcp(f).versionField(6));
+      } else {
+        add("ipv6_version_4", "ethertype IPv6, version field 4", b.tcp(f).versionField(4));
+      }
+      // Fragments: the kernel's, never classified.
+      add("fragment_first_mf", "first fragment (MF set, offset 0)", b.tcp(f).fragment(true, 0));
+      add("fragment_last", "last fragment (offset 185, MF clear)", b.tcp(f).fragment(false, 185));
+      add("fragment_middle", "middle fragment (MF set, offset 185)", b.tcp(f).fragment(true, 185));
+      add("udp_fragment_first_mf", "UDP first fragment", b.udp(f).fragment(true, 0));
+      if (!v4)
+        add("fragment_after_hopopts", "hop-by-hop then a fragment header",
+            b.tcp(f).ext(ext6::HOPOPTS).fragment(true, 0));
+      // Too many IPv6 extension headers.
+      if (!v4) {
+        Packet p = b.tcp(f).ext(ext6::HOPOPTS);
+        for (int i = 0; i < 6; i++) p.ext(ext6::DSTOPTS);
+        Packet u = b.udp(f).ext(ext6::HOPOPTS);
+        for (int i = 0; i < 6; i++) u.ext(ext6::DSTOPTS);
+        if (b.prog == Prog::Egress) {
+          // Fail closed on the way out: behind more extension headers than
+          // the parser walks there could be TCP it cannot see.
+          for (auto& [name, pkt] : {std::pair{std::string("ipv6_7_ext_headers"), p},
+                                    std::pair{std::string("udp_ipv6_7_ext_headers"), u}}) {
+            Case c = leftAlone(b, f, name, "7 extension headers at egress: dropped (fail closed)", pkt);
+            c.verdict = TC_ACT_SHOT;
+            c.counts = {.dropped_pkts = 1};
+            cs.push_back(std::move(c));
+          }
+        } else {
+          add("ipv6_7_ext_headers", "7 extension headers: more than the parser walks", p);
+          add("udp_ipv6_7_ext_headers", "UDP behind 7 extension headers", u);
+        }
+      }
+      // Not IP at all.
+      add("unknown_ethertype", "the IP packet behind an unknown ethertype 0x88b5", b.tcp(f).ethertype(0x88b5));
+      add("vlan_ethertype", "ethertype 802.1Q (not parsed)", b.tcp(f).ethertype(0x8100));
+      if (v4) add("arp", "an ARP request", Packet::arp(f.pod, f.remote));
+      // Family mix-ups.
+      add("ethertype_swapped", "an IPv4 packet labelled IPv6 or the reverse",
+          b.tcp(f).ethertype(v4 ? kEthIPv6 : kEthIPv4));
+    }
+  }
+  return cs;
+}
+
+// Legal but uncommon headers: the programs must find the transport header at
+// the right offset and act exactly as on the plain packet.
+std::vector<Case> capturedCases() {
+  std::vector<Case> cs;
+  const Family& f4 = kV4;
+  const Family& f6 = kV6;
+
+  // pod_egress, DNS over TCP: the rewrite lands on the right bytes only if
+  // the TCP header was found at the right offset (output compared byte by
+  // byte with the expected rewrite, checksums recomputed).
+  auto egressDnsTcp = [&](const Family& f, const std::string& name, const std::string& what,
+                          const std::function<Packet(Packet)>& shape) {
+    cs.push_back({.name = "egress_" + std::string(f.tag) + "_" + name, .what = what, .prog = Prog::Egress,
+                  .in = shape(Packet::tcp(f.pod, kApp, f.resolver, 53)),
+                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_DNS_TCP),
+                  .out = shape(Packet::tcp(f.pod, kApp, f.resolver, 53).dst(f.pod, kDnsPort)),
+                  .natAdded = NatEntry{f.pod, kApp, IPPROTO_TCP, f.resolver, 53}});
+  };
+  auto egressDnsUdp = [&](const Family& f, const std::string& name, const std::string& what,
+                          const std::function<Packet(Packet)>& shape) {
+    cs.push_back({.name = "egress_" + std::string(f.tag) + "_" + name, .what = what, .prog = Prog::Egress,
+                  .in = shape(Packet::udp(f.pod, kApp, f.resolver, 53)),
+                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_DNS_UDP),
+                  .out = shape(Packet::udp(f.pod, kApp, f.resolver, 53).dst(f.pod, kDnsPort)),
+                  .natAdded = NatEntry{f.pod, kApp, IPPROTO_UDP, f.resolver, 53}});
+  };
+  auto egressSyn = [&](const Family& f, const std::string& name, const std::string& what,
+                       const std::function<Packet(Packet)>& shape) {
+    cs.push_back({.name = "egress_" + std::string(f.tag) + "_" + name, .what = what, .prog = Prog::Egress,
+                  .in = shape(Packet::tcp(f.pod, kApp, f.remote, 80)),
+                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OUTBOUND)});
+  };
+  // pod_ingress: a SYN to 15008 passes (rule 7), to 8080 is captured; both
+  // only come out right if the destination port is read at the right offset.
+  auto ingressPair = [&](const Family& f, const std::string& name, const std::string& what,
+                         const std::function<Packet(Packet)>& shape) {
+    cs.push_back({.name = "ingress_" + std::string(f.tag) + "_" + name + "_hbone_passes",
+                  .what = what + "; to 15008: rule 7", .prog = Prog::Ingress,
+                  .in = shape(Packet::tcp(f.remote, kApp, f.pod, SLUICE_DEFAULT_HBONE_PORT)),
+                  .counts = {.passed_pkts = 1}});
+    cs.push_back({.name = "ingress_" + std::string(f.tag) + "_" + name + "_captured",
+                  .what = what + "; to 8080: rule 6, no listener", .prog = Prog::Ingress,
+                  .in = shape(Packet::tcp(f.remote, kApp, f.pod, 8080)),
+                  .verdict = TC_ACT_SHOT, .counts = {.dropped_pkts = 1}});
+  };
+  auto loUdp = [&](const Family& f, const std::string& name, const std::string& what,
+                   const std::function<Packet(Packet)>& shape) {
+    cs.push_back({.name = "lo_egress_" + std::string(f.tag) + "_" + name, .what = what, .prog = Prog::LoEgress,
+                  .in = shape(Packet::udp(f.loopback, kDnsPort, f.pod, kApp)),
+                  .natSeed = {{f.pod, kApp, IPPROTO_UDP, f.resolver, 53}},
+                  .out = shape(Packet::udp(f.loopback, kDnsPort, f.pod, kApp).src(f.resolver, 53)),
+                  .counts = {.dns_answers = 1}});
+  };
+  auto loTcp = [&](const Family& f, const std::string& name, const std::string& what,
+                   const std::function<Packet(Packet)>& shape) {
+    cs.push_back({.name = "lo_egress_" + std::string(f.tag) + "_" + name, .what = what, .prog = Prog::LoEgress,
+                  .in = shape(Packet::tcp(f.pod, kDnsPort, f.pod, kApp, SYN | ACK)),
+                  .natSeed = {{f.pod, kApp, IPPROTO_TCP, f.resolver, 53}},
+                  .out = shape(Packet::tcp(f.pod, kDnsPort, f.pod, kApp, SYN | ACK).src(f.resolver, 53)),
+                  .counts = {.dns_answers = 1}});
+  };
+
+  // IPv4 options, ihl 6..15.
+  for (unsigned words = 1; words <= 10; words++) {
+    std::string ihl = "ipv4_ihl_" + std::to_string(5 + words);
+    std::string what = "IPv4 with " + std::to_string(4 * words) + " bytes of options (ihl " +
+                       std::to_string(5 + words) + ")";
+    auto shape = [words](Packet p) { return p.ipv4Options(words); };
+    egressDnsTcp(f4, ihl + "_dns_tcp_captured", what + ": TCP DNS translated at the right offset", shape);
+    if (words == 1 || words == 10) {
+      egressSyn(f4, ihl + "_syn_captured", what + ": SYN captured (rule 1)", shape);
+      egressDnsUdp(f4, ihl + "_dns_udp_captured", what + ": UDP DNS translated at the right offset", shape);
+      ingressPair(f4, ihl, what, shape);
+      loUdp(f4, ihl + "_udp_answer_rewritten", what + ": UDP answer translated", shape);
+      loTcp(f4, ihl + "_tcp_answer_rewritten", what + ": TCP answer translated", shape);
+    }
+  }
+  // DF is not a fragment.
+  auto df = [](Packet p) { return p.dontFragment(); };
+  egressSyn(f4, "dont_fragment_syn_captured", "DF set: not a fragment, captured", df);
+  egressDnsTcp(f4, "dont_fragment_dns_tcp_captured", "DF set: not a fragment, translated", df);
+  ingressPair(f4, "dont_fragment", "DF set: not a fragment", df);
+
+  // IPv6 extension headers before the transport header.
+  auto hopDst = [](Packet p) { return p.ext(ext6::HOPOPTS).ext(ext6::DSTOPTS, 16); };
+  egressSyn(f6, "hopopts_dstopts_syn_captured", "hop-by-hop + destination options before TCP: captured", hopDst);
+  egressDnsTcp(f6, "hopopts_dstopts_dns_tcp_captured", "hop-by-hop + destination options: TCP DNS translated",
+               hopDst);
+  egressDnsUdp(f6, "hopopts_dstopts_dns_udp_captured", "hop-by-hop + destination options: UDP DNS translated",
+               hopDst);
+  ingressPair(f6, "hopopts_dstopts", "hop-by-hop + destination options", hopDst);
+  loUdp(f6, "hopopts_dstopts_udp_answer_rewritten", "hop-by-hop + destination options: UDP answer", hopDst);
+  loTcp(f6, "hopopts_dstopts_tcp_answer_rewritten", "hop-by-hop + destination options: TCP answer", hopDst);
+  auto allKinds = [](Packet p) {
+    return p.ext(ext6::HOPOPTS, 24).ext(ext6::ROUTING, 24).ext(ext6::AH, 24).ext(ext6::DSTOPTS, 8);
+  };
+  egressDnsTcp(f6, "all_ext_kinds_dns_tcp_captured",
+               "hop-by-hop, routing (segments left 0), AH (4-byte length units) and destination options: "
+               "TCP DNS translated at the right offset",
+               allKinds);
+  ingressPair(f6, "all_ext_kinds", "hop-by-hop, routing, AH, destination options", allKinds);
+  auto five = [](Packet p) {
+    p.ext(ext6::HOPOPTS);
+    for (int i = 0; i < 4; i++) p.ext(ext6::DSTOPTS);
+    return p;
+  };
+  egressDnsTcp(f6, "5_ext_headers_dns_tcp_captured", "5 extension headers: still parsed", five);
+  ingressPair(f6, "5_ext_headers", "5 extension headers", five);
+  auto six = [](Packet p) {
+    p.ext(ext6::HOPOPTS);
+    for (int i = 0; i < 5; i++) p.ext(ext6::DSTOPTS);
+    return p;
+  };
+  size_t before = cs.size();
+  egressDnsTcp(f6, "6_ext_headers_dns_tcp_captured", "6 extension headers (SLUICE_MAX_EXT_HDRS): still parsed",
+               six);
+  egressSyn(f6, "6_ext_headers_syn_captured", "6 extension headers (SLUICE_MAX_EXT_HDRS): SYN captured", six);
+  ingressPair(f6, "6_ext_headers", "6 extension headers (SLUICE_MAX_EXT_HDRS)", six);
+  (void)before;
+  return cs;
+}
+
+// BPF_PROG_TEST_RUN itself refuses a frame that does not hold an Ethernet
+// header plus the fixed IPv4 (20) / IPv6 (40) header its ethertype
+// announces (EINVAL), so the programs' handling of those (bpf_skb_load_bytes
+// failing, PARSE_MALFORMED, pass) cannot be exercised here; this test pins
+// down that limit, so a kernel that starts accepting them shows up.
+TEST_F(SandboxTest, TruncatedInsideIpHeaderRefusedByTestRun) {
+  ASSERT_TRUE(sb().writeSettings().ok());
+  ASSERT_TRUE(sb().enroll({}).ok());
+  for (const Family* fp : kFamilies) {
+    const Family& f = *fp;
+    const size_t l4 = kEth + ipHeaderLen(f);
+    for (size_t len : {size_t{0}, size_t{13}, kEth, kEth + 1, l4 - 1}) {
+      Bytes frame = Packet::tcp(f.pod, kApp, f.resolver, 53).truncate(len).bytes();
+      for (Prog p : {Prog::Egress, Prog::Ingress, Prog::LoEgress}) {
+        auto r = sb().run(p, frame);
+        ASSERT_FALSE(r.ok()) << progName(p) << " ran on a " << f.tag << " frame of " << len
+                             << " bytes: " << verdictName(r->verdict);
+        EXPECT_EQ(r.error().code, EINVAL) << r.error().message;
+      }
+    }
+    // The first length test-run accepts: the programs see it (and pass it).
+    Bytes frame = Packet::tcp(f.pod, kApp, f.resolver, 53).truncate(l4).bytes();
+    auto r = sb().run(Prog::Egress, frame);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(verdictName(r->verdict), "TC_ACT_OK");
+  }
+  EXPECT_EQ(describeCounters(sb().counters().value_or(sluice_pod_stats{})), "passed_pkts=2");
+}
+
+INSTANTIATE_TEST_SUITE_P(Malformed, PacketCase, ::testing::ValuesIn(leftAloneCases()), caseName);
+INSTANTIATE_TEST_SUITE_P(Unusual, PacketCase, ::testing::ValuesIn(capturedCases()), caseName);
+
+}  // namespace
+}  // namespace sluice::test
