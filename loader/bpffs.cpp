@@ -50,6 +50,14 @@ Status ensureBpffsRoot(const std::string& root) {
   SLUICE_TRY(mkdirs(root));
   if (!isOnBpffs(root))
     return Error::msg("bpffs root " + root + " is not on a bpf filesystem (mount -t bpf bpf DIR)");
+  // bpffs is often mounted world-writable (mode 1777): a root that someone
+  // else made could have its pins swapped under us.
+  struct stat st {};
+  if (::stat(root.c_str(), &st) != 0) return Error::fromErrno(errno, "stat " + root);
+  if (st.st_uid != ::geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH)))
+    return Error::msg("bpffs root " + root + " is owned by uid " + std::to_string(st.st_uid) +
+                          " or writable by others; refusing to keep pins there",
+                      EPERM);
   return {};
 }
 

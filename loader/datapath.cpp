@@ -13,6 +13,7 @@
 #include <set>
 
 #include "loader/bpffs.h"
+#include "loader/privileges.h"
 #include "loader/netlink.h"
 #include "loader/netns.h"
 #include "loader/sysctl.h"
@@ -202,6 +203,9 @@ PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
 Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options) {
   auto wanted = encodeSettings(options.settings);
   SLUICE_TRY(wanted);
+  // Before anything is created: an unprivileged run must not leave a root
+  // directory it owns, where root's pins would later live.
+  SLUICE_TRY(checkPrivileges());
   SLUICE_TRY(ensureBpffsRoot(options.bpffsRoot));
   auto lock = StateLock::acquire(options.bpffsRoot);
   SLUICE_TRY(lock);
@@ -428,7 +432,12 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
       }
       auto created = attachLegacy(a.ifindex, a.hook, a.progFd);
       SLUICE_TRY(created);
-      if (a.slot && *created) a.slot->created_clsact = 1;
+      if (*created) {
+        if (a.slot)
+          a.slot->created_clsact = 1;
+        else
+          rec.lo_created_clsact = 1;
+      }
       bool destroy = *created;
       int ifindex = a.ifindex;
       TcHook hook = a.hook;
@@ -550,7 +559,8 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
           keepIn(writeSysctl(acceptLocalSysctl(fromFixed(slot.name, sizeof(slot.name))),
                              std::to_string(slot.accept_local_before)));
       }
-      if (rec.tc_mode == SLUICE_TC_LEGACY) keepIn(detachLegacy(rec.lo_ifindex, TcHook::Egress, false));
+      if (rec.tc_mode == SLUICE_TC_LEGACY)
+        keepIn(detachLegacy(rec.lo_ifindex, TcHook::Egress, rec.lo_created_clsact));
       for (int family : {AF_INET, AF_INET6}) {
         if (!(rec.routes & (family == AF_INET ? SLUICE_ROUTES_V4 : SLUICE_ROUTES_V6))) continue;
         keepIn(deletePolicyRule(returnRule(settings, family)));

@@ -239,7 +239,7 @@ struct sluice_pod_record {
 	__u64 node_netns_cookie;
 	struct sluice_pod_iface host_iface; /* ifindex 0: none attached */
 	__u32 addr_count;
-	__u32 pad;
+	__u32 lo_created_clsact; /* legacy mode: we created lo's clsact qdisc */
 	struct sluice_pod_addr addrs[SLUICE_MAX_POD_ADDRS];
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_record) ==

@@ -4,11 +4,11 @@
 # netfilter rule. Everything happens in its own network namespaces and
 # bpffs root, and is cleaned up on exit.
 #
-#    node netns (10.250.0.1)              pod netns (10.250.0.2)
-#   ┌──────────────────────┐  veth  ┌──────────────────────────────────┐
-#   │ server :8080         ├────────┤ eth0   app :9090                 │
-#   │ client               │        │ sluice-standin :15001/6/8/53    │
-#   └──────────────────────┘        └──────────────────────────────────┘
+#  remote netns (10.251.0.2)   node netns (10.250.0.1)       pod netns (10.250.0.2)
+#  ┌──────────────┐  veth  ┌──────────────────────┐  veth  ┌─────────────────────────────┐
+#  │ client       ├────────┤ server :8080         ├────────┤ eth0  app :9090             │
+#  └──────────────┘        │ prober (kubelet)     │        │ sluice-standin :15001/6/8/53│
+#                          └──────────────────────┘        └─────────────────────────────┘
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
@@ -20,6 +20,7 @@ fi
 
 NODE="sluice-demo-node-$$"
 POD="sluice-demo-pod-$$"
+REMOTE="sluice-demo-remote-$$"
 ROOT="/sys/fs/bpf/sluice-demo-$$"
 EVENTS="$(mktemp)"
 CTL=(./build/sluicectl --bpffs "$ROOT")
@@ -32,6 +33,7 @@ cleanup() {
   "${CTL[@]}" pod remove --id demo-pod >/dev/null 2>&1 || true
   ip netns del "$NODE" 2>/dev/null || true
   ip netns del "$POD" 2>/dev/null || true
+  ip netns del "$REMOTE" 2>/dev/null || true
   rm -rf "$ROOT" "$EVENTS"
 }
 trap cleanup EXIT
@@ -64,7 +66,16 @@ ip -n "$POD" addr add 10.250.0.2/24 dev eth0
 ip -n "$NODE" link set vethdemo up
 ip -n "$POD" link set eth0 up
 ip -n "$POD" route add default via 10.250.0.1
-echo "    node 10.250.0.1  <->  pod 10.250.0.2"
+ip netns add "$REMOTE"
+ip link add vethremote netns "$NODE" type veth peer name eth0 netns "$REMOTE"
+ip -n "$REMOTE" link set lo up
+ip -n "$NODE" addr add 10.251.0.1/24 dev vethremote
+ip -n "$REMOTE" addr add 10.251.0.2/24 dev eth0
+ip -n "$NODE" link set vethremote up
+ip -n "$REMOTE" link set eth0 up
+ip -n "$REMOTE" route add default via 10.251.0.1
+ip netns exec "$NODE" sysctl -qw net.ipv4.ip_forward=1
+echo "    remote 10.251.0.2  <->  node 10.250.0.1 / 10.251.0.1  <->  pod 10.250.0.2"
 
 ip netns exec "$NODE" $PEER echo-server 10.250.0.1 8080 server & PIDS+=($!)
 ip netns exec "$POD" $PEER echo-server 0.0.0.0 9090 app & PIDS+=($!)
@@ -72,16 +83,17 @@ ip netns exec "$POD" $PEER echo-server 0.0.0.0 9090 app & PIDS+=($!)
 sleep 0.5
 
 step "enroll the pod: sluicectl pod add"
-"${CTL[@]}" pod add --netns "/var/run/netns/$POD" --id demo-pod
+"${CTL[@]}" pod add --netns "/var/run/netns/$POD" --node-netns "/var/run/netns/$NODE" --id demo-pod
 "${CTL[@]}" pod list
-echo "    netfilter rules in the pod: $(ip netns exec "$POD" iptables-save 2>/dev/null | grep -c '^-A' || true)"
+echo "    netfilter rules in the pod: $(ip netns exec "$POD" iptables-save 2>/dev/null | grep -c '^-A' || true)," \
+  "on the node: $(ip netns exec "$NODE" iptables-save 2>/dev/null | grep -c '^-A' || true)"
 
 step "outbound: the pod's app connects to the node's server 10.250.0.1:8080"
 ip netns exec "$POD" $PEER tcp-client 10.250.0.1 8080 "hello from the app"
 proxy_saw
 
-step "inbound: the node connects to the pod's app 10.250.0.2:9090"
-ip netns exec "$NODE" $PEER tcp-client 10.250.0.2 9090 "hello from the node"
+step "inbound: a client on another node connects to the pod's app 10.250.0.2:9090"
+ip netns exec "$REMOTE" $PEER tcp-client 10.250.0.2 9090 "hello from the remote client"
 proxy_saw
 
 step "DNS: the app asks resolver 10.250.0.1:53 (a connected UDP socket)"
@@ -89,7 +101,11 @@ ip netns exec "$POD" $PEER dns-query 10.250.0.1
 proxy_saw
 
 step "bypassed: inbound to the HBONE port 15008 is not redirected"
-ip netns exec "$NODE" $PEER tcp-client 10.250.0.2 15008 "hbone"
+ip netns exec "$REMOTE" $PEER tcp-client 10.250.0.2 15008 "hbone"
+proxy_saw
+
+step "kubelet probe: a socket on the node connects to the app (source becomes 169.254.7.127)"
+ip netns exec "$NODE" $PEER tcp-client 10.250.0.2 9090 "probe"
 proxy_saw
 
 step "counters: sluicectl stats"

@@ -228,8 +228,8 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
 
 std::string formatError(const Error& e) {
   std::string msg = e.message;
-  if (e.code == EPERM || e.code == EACCES)
-    msg += " (missing privilege: sluicectl must run as root with CAP_BPF, CAP_NET_ADMIN and CAP_SYS_ADMIN)";
+  if ((e.code == EPERM || e.code == EACCES) && msg.find("missing privilege") == std::string::npos)
+    msg += " (missing privilege: sluicectl must run as root with CAP_SYS_ADMIN and CAP_NET_ADMIN)";
   return "sluicectl: " + msg + "\n";
 }
 

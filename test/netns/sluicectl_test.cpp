@@ -1,0 +1,231 @@
+// sluicectl end to end: the built binary (SLUICE_BUILD_DIR/sluicectl) run as
+// a separate process against a private bpffs root and test namespaces.
+//
+//   test process                      node netns           pod netns
+//   +---------------------+           +-----------+  veth  +-------------------+
+//   | spawns sluicectl    |-- pod add/list/stats/remove ---->| eth0, lo (tc)     |
+//   |   --bpffs /sys/fs/  |           | server    |<------>| stand-in (in this |
+//   |   bpf/sluice-t-P-N  |           |           |        |  test process)    |
+//   +---------------------+           +-----------+        +-------------------+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "test/common/topology.h"
+
+namespace sluice::test {
+namespace {
+
+std::string sluicectl() { return builtBinary("sluicectl"); }
+
+bool pathExists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+size_t lineCount(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+/// sluicectl --bpffs ROOT [--tc-mode MODE] ARGS...
+CommandResult ctl(const std::string& root, const std::vector<std::string>& args, const std::string& tcMode = "") {
+  std::vector<std::string> argv = {sluicectl(), "--bpffs", root};
+  if (!tcMode.empty()) {
+    argv.push_back("--tc-mode");
+    argv.push_back(tcMode);
+  }
+  argv.insert(argv.end(), args.begin(), args.end());
+  return runCommand(argv);
+}
+
+/// A stderr that is exactly one line.
+void expectOneErrorLine(const CommandResult& r) {
+  EXPECT_NE(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(lineCount(r.err), 1u) << "stderr: '" << r.err << "'";
+  EXPECT_TRUE(!r.err.empty() && r.err.back() == '\n') << "stderr: '" << r.err << "'";
+}
+
+class Sluicectl : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
+    ASSERT_TRUE(pathExists(sluicectl())) << sluicectl() << " not built";
+  }
+  TestBpffs bpffs_;
+};
+
+class SluicectlMode : public Sluicectl, public ::testing::WithParamInterface<std::string> {};
+
+// pod add, pod list --json, stats --json, pod remove, each exit 0; the
+// enrolled pod really redirects in between.
+TEST_P(SluicectlMode, AddListStatsRemove) {
+  PodTopology topo;
+  ASSERT_TRUE(topo.ok()) << topo.error();
+  const std::string mode = GetParam() == "auto" ? "" : GetParam();
+  const std::string id = topo.pod().name();
+
+  auto add = ctl(bpffs_.root(), {"pod", "add", "--netns", topo.pod().path()}, mode);
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  EXPECT_NE(add.out.find(id), std::string::npos) << add.out;
+
+  auto list = ctl(bpffs_.root(), {"pod", "list", "--json"});
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  auto pods = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(pods.is_array()) << list.out;
+  ASSERT_EQ(pods.size(), 1u) << list.out;
+  EXPECT_EQ(pods[0]["id"], id);
+  EXPECT_EQ(pods[0]["netns"], topo.pod().path());
+  EXPECT_EQ(pods[0]["tc_mode"], GetParam() == "legacy" ? "legacy" : "tcx");
+  if (GetParam() == "legacy") {
+    auto q = sh("tc -n " + topo.pod().name() + " qdisc show dev eth0");
+    EXPECT_NE(q.out.find("clsact"), std::string::npos) << q.out;
+  } else {
+    EXPECT_TRUE(pathExists(bpffs_.linkDir(id) + "/eth0_egress"));
+  }
+
+  // Traffic through the pod enrolled by the CLI goes to the stand-in.
+  {
+    StandInConfig cfg;
+    cfg.netnsPath = topo.pod().path();
+    auto standIn = ProxyStandIn::start(cfg);
+    ASSERT_TRUE(standIn.ok()) << standIn.error().message;
+    auto server = TcpServer::start(topo.node(), Endpoint::of(PodTopology::kNodeV4, 0));
+    ASSERT_TRUE(server.ok());
+    auto c = tcpConnect(topo.pod(), (*server)->local());
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    ASSERT_TRUE(echoRoundTrip(c->get(), "cli").ok());
+    ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
+    EXPECT_EQ((*standIn)->events().front().listener, "outbound");
+  }
+
+  auto stats = ctl(bpffs_.root(), {"stats", "--json"});
+  ASSERT_EQ(stats.exitCode, 0) << stats.describe();
+  auto counters = nlohmann::json::parse(stats.out, nullptr, false);
+  ASSERT_TRUE(counters.is_array()) << stats.out;
+  ASSERT_EQ(counters.size(), 1u) << stats.out;
+  EXPECT_EQ(counters[0]["id"], id);
+  EXPECT_GE(counters[0]["outbound_conns"].get<uint64_t>(), 1u) << stats.out;
+
+  auto one = ctl(bpffs_.root(), {"stats", "--id", id, "--json"});
+  EXPECT_EQ(one.exitCode, 0) << one.describe();
+
+  auto remove = ctl(bpffs_.root(), {"pod", "remove", "--id", id});
+  ASSERT_EQ(remove.exitCode, 0) << remove.describe();
+  list = ctl(bpffs_.root(), {"pod", "list", "--json"});
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  pods = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(pods.is_array()) << list.out;
+  EXPECT_TRUE(pods.empty()) << list.out;
+  EXPECT_FALSE(pathExists(bpffs_.linkDir(id)));
+  auto q = sh("tc -n " + topo.pod().name() + " qdisc show dev eth0");
+  EXPECT_EQ(q.out.find("clsact"), std::string::npos) << q.out;
+  auto rules = topo.pod().ip("rule show");
+  EXPECT_EQ(rules.out.find("fwmark 0x111"), std::string::npos) << rules.out;
+}
+
+// pod remove --netns finds the pod by its namespace.
+TEST_P(SluicectlMode, RemoveByNetns) {
+  PodTopology topo;
+  ASSERT_TRUE(topo.ok()) << topo.error();
+  const std::string mode = GetParam() == "auto" ? "" : GetParam();
+  auto add = ctl(bpffs_.root(), {"pod", "add", "--netns", topo.pod().path(), "--id", "by-netns"}, mode);
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  auto remove = ctl(bpffs_.root(), {"pod", "remove", "--netns", topo.pod().path()});
+  ASSERT_EQ(remove.exitCode, 0) << remove.describe();
+  EXPECT_NE(remove.out.find("by-netns"), std::string::npos) << remove.out;
+}
+
+INSTANTIATE_TEST_SUITE_P(All, SluicectlMode, ::testing::Values("auto", "legacy"),
+                         [](const auto& info) { return info.param; });
+
+TEST_F(Sluicectl, NonexistentNetnsFailsWithOneLineNamingIt) {
+  std::string missing = "/run/netns/sluice-missing-cli-" + std::to_string(::getpid());
+  auto r = ctl(bpffs_.root(), {"pod", "add", "--netns", missing});
+  expectOneErrorLine(r);
+  EXPECT_NE(r.err.find(missing), std::string::npos) << r.err;
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(Sluicectl, OtherNamespaceTypeIsNotANetworkNamespace) {
+  auto r = ctl(bpffs_.root(), {"pod", "add", "--netns", "/proc/self/ns/mnt", "--id", "mnt"});
+  expectOneErrorLine(r);
+  EXPECT_NE(r.err.find("not a network namespace"), std::string::npos) << r.err;
+}
+
+TEST_F(Sluicectl, RemoveUnknownPodFails) {
+  auto r = ctl(bpffs_.root(), {"pod", "remove", "--id", "no-such-pod"});
+  expectOneErrorLine(r);
+  EXPECT_NE(r.err.find("not enrolled"), std::string::npos) << r.err;
+}
+
+// Without root: a clear message, not a libbpf trace.
+CommandResult unprivileged(const std::vector<std::string>& args) {
+  std::vector<std::string> argv = {"setpriv",       "--reuid=65534",  "--regid=65534", "--clear-groups",
+                                   "--inh-caps=-all", "--bounding-set=-all", sluicectl()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return runCommand(argv);
+}
+
+TEST_F(Sluicectl, WithoutPrivilegeFailsWithAClearMessage) {
+  for (const auto& args : std::vector<std::vector<std::string>>{
+           {"--bpffs", bpffs_.root(), "pod", "list"},
+           {"--bpffs", bpffs_.root(), "pod", "add", "--netns", "/proc/self/ns/net", "--id", "nobody"}}) {
+    auto r = unprivileged(args);
+    EXPECT_NE(r.exitCode, 0) << r.describe();
+    EXPECT_TRUE(r.err.find("privilege") != std::string::npos || r.err.find("root") != std::string::npos)
+        << r.describe();
+    EXPECT_EQ(lineCount(r.err), 1u) << r.describe();
+  }
+}
+
+// A failed unprivileged run must not leave a directory behind: /sys/fs/bpf
+// is world-writable (sticky), and a root directory owned by an unprivileged
+// user would later hold root's pinned state.
+TEST_F(Sluicectl, WithoutPrivilegeCreatesNoBpffsRoot) {
+  auto r = unprivileged({"--bpffs", bpffs_.root(), "pod", "list"});
+  EXPECT_NE(r.exitCode, 0) << r.describe();
+  struct stat st {};
+  bool exists = ::lstat(bpffs_.root().c_str(), &st) == 0;
+  EXPECT_FALSE(exists) << bpffs_.root() << " was created by uid " << st.st_uid << " (mode " << std::oct
+                       << (st.st_mode & 07777) << ")";
+}
+
+// Two `pod add` processes started together on the same (new) bpffs root:
+// the state lock serializes them, both pods end up enrolled.
+TEST_F(Sluicectl, ConcurrentAddsBothSucceed) {
+  PodTopology a, b;
+  ASSERT_TRUE(a.ok()) << a.error();
+  ASSERT_TRUE(b.ok()) << b.error();
+  auto pa = Subprocess::start({sluicectl(), "--bpffs", bpffs_.root(), "pod", "add", "--netns", a.pod().path()});
+  auto pb = Subprocess::start({sluicectl(), "--bpffs", bpffs_.root(), "pod", "add", "--netns", b.pod().path()});
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  auto ra = (*pa)->wait();
+  auto rb = (*pb)->wait();
+  EXPECT_EQ(ra.exitCode, 0) << ra.describe();
+  EXPECT_EQ(rb.exitCode, 0) << rb.describe();
+
+  auto list = ctl(bpffs_.root(), {"pod", "list", "--json"});
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  auto pods = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(pods.is_array()) << list.out;
+  std::vector<std::string> ids;
+  for (const auto& p : pods) ids.push_back(p["id"].get<std::string>());
+  EXPECT_NE(std::find(ids.begin(), ids.end(), a.pod().name()), ids.end()) << list.out;
+  EXPECT_NE(std::find(ids.begin(), ids.end(), b.pod().name()), ids.end()) << list.out;
+
+  // And both can be removed concurrently too.
+  auto qa = Subprocess::start({sluicectl(), "--bpffs", bpffs_.root(), "pod", "remove", "--id", a.pod().name()});
+  auto qb = Subprocess::start({sluicectl(), "--bpffs", bpffs_.root(), "pod", "remove", "--id", b.pod().name()});
+  ASSERT_TRUE(qa.ok() && qb.ok());
+  auto sa = (*qa)->wait();
+  auto sb = (*qb)->wait();
+  EXPECT_EQ(sa.exitCode, 0) << sa.describe();
+  EXPECT_EQ(sb.exitCode, 0) << sb.describe();
+}
+
+}  // namespace
+}  // namespace sluice::test
