@@ -475,22 +475,12 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
 
 Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
                              sluice_pod_record& rec) {
-  // The pod's addresses (Istio's probe ipset). An address another pod has
-  // registered is a conflict, not something to take over.
-  for (uint32_t i = 0; i < rec.addr_count; i++) {
-    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
-    if (owner && owner->netns_cookie != rec.netns_cookie)
-      return Error::msg("address " + formatPodAddr(rec.addrs[i]) + " is already registered for another pod", EEXIST);
-  }
-  for (uint32_t i = 0; i < rec.addr_count; i++)
-    SLUICE_TRY(programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}));
-
   std::string nodePath = spec.nodeNetnsPath->empty() ? "/proc/self/ns/net" : *spec.nodeNetnsPath;
   auto nodeNs = openNetns(nodePath);
   if (!nodeNs.ok()) return Error::msg("node " + nodeNs.error().message, nodeNs.error().code);
   TcMode mode = rec.tc_mode == SLUICE_TC_LEGACY ? TcMode::Legacy : TcMode::Tcx;
   std::string dir = linkDir(id);
-  return runInNetns(nodeNs->get(), [&]() -> Status {
+  SLUICE_TRY(runInNetns(nodeNs->get(), [&]() -> Status {
     auto cookie = currentNetnsCookie();
     SLUICE_TRY(cookie);
     rec.node_netns_cookie = *cookie;
@@ -524,7 +514,22 @@ Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int pod
     }
     spdlog::info("pod {}: probe SNAT on host-side {} ({} address(es))", id, host->name, rec.addr_count);
     return {};
-  });
+  }));
+  if (!rec.host_iface.ifindex) {
+    rec.addr_count = 0;  // nothing on the node translates towards this pod
+    return {};
+  }
+  // The pod's addresses (Istio's probe ipset). An address another pod has
+  // registered is a conflict, not something to take over.
+  for (uint32_t i = 0; i < rec.addr_count; i++) {
+    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
+    if (owner && owner->netns_cookie != rec.netns_cookie)
+      return Error::msg("address " + formatPodAddr(rec.addrs[i]) + " is already registered for another pod", EEXIST);
+  }
+  for (uint32_t i = 0; i < rec.addr_count; i++)
+    SLUICE_TRY(programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}));
+
+  return {};
 }
 
 Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
