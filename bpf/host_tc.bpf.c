@@ -102,7 +102,10 @@ int host_egress(struct __sk_buff *skb)
 	__u32 probe[4] = {};
 	struct flow f;
 
-	if (!cfg || !skb->sk) /* rule 11: forwarded traffic has no socket */
+	/* Rule 11: forwarded traffic has no socket; and it arrived somewhere,
+	 * while a packet the node sends has no input interface (a second guard,
+	 * should a kernel ever leave a socket on a forwarded packet). */
+	if (!cfg || !skb->sk || skb->ingress_ifindex)
 		return TC_ACT_OK;
 	if (parse_flow(skb, &f) != PARSE_OK || f.proto != IPPROTO_TCP)
 		return TC_ACT_OK;
