@@ -34,6 +34,19 @@ struct ctx {
 	struct flow f;
 };
 
+/* Settings and the pod of the packet's netns; false when not enrolled (or
+ * not configured yet): the packet is then left alone, uncounted. */
+static __always_inline int ctx_init(struct ctx *c, struct __sk_buff *skb)
+{
+	c->skb = skb;
+	c->cfg = settings_get();
+	if (!c->cfg)
+		return 0;
+	c->cookie = pod_cookie(skb);
+	c->pod = bpf_map_lookup_elem(&pod_config, &c->cookie);
+	return c->pod != 0;
+}
+
 static __always_inline int pass(struct ctx *c)
 {
 	SLUICE_COUNT(c->cookie, passed_pkts);
@@ -156,14 +169,9 @@ static __always_inline int egress_tcp(struct ctx *c)
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
-	struct ctx c = { .skb = skb };
+	struct ctx c = {};
 
-	c.cfg = settings_get();
-	if (!c.cfg)
-		return TC_ACT_OK;
-	c.cookie = pod_cookie(skb);
-	c.pod = bpf_map_lookup_elem(&pod_config, &c.cookie);
-	if (!c.pod)
+	if (!ctx_init(&c, skb))
 		return TC_ACT_OK;
 	/* Rule 5: the proxy's own traffic. */
 	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
@@ -258,15 +266,10 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 SEC("tc")
 int pod_ingress(struct __sk_buff *skb)
 {
-	struct ctx c = { .skb = skb };
+	struct ctx c = {};
 	__u32 mark = skb->mark;
 
-	c.cfg = settings_get();
-	if (!c.cfg)
-		return TC_ACT_OK;
-	c.cookie = pod_cookie(skb);
-	c.pod = bpf_map_lookup_elem(&pod_config, &c.cookie);
-	if (!c.pod)
+	if (!ctx_init(&c, skb))
 		return TC_ACT_OK;
 
 	/* Only pod_egress sets the tag: the kernel clears skb->mark when a

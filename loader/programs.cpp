@@ -49,6 +49,15 @@ Status checkKernelFeatures() {
   return {};
 }
 
+// Points a typed wrapper at a skeleton map, checking the layouts agree.
+template <typename K, typename V>
+Status bindMap(const struct bpf_map* map, BpfMap<K, V>& out) {
+  auto typed = BpfMap<K, V>::of(map);
+  SLUICE_TRY(typed);
+  out = *typed;
+  return {};
+}
+
 }  // namespace
 
 void routeLibbpfLogging() {
@@ -75,30 +84,14 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   if (int err = host_tc__load(p->host_); err != 0)
     return Error::fromErrno(err, "load node BPF programs (run with --log-level debug for the verifier log)");
   auto& m = p->skel_->maps;
-  auto settings = BpfMap<__u32, sluice_settings>::of(m.settings);
-  auto podConfig = BpfMap<__u64, sluice_pod_config>::of(m.pod_config);
-  auto podStats = BpfMap<__u64, sluice_pod_stats>::of(m.pod_stats);
-  auto dnsNat = BpfMap<sluice_dns_nat_key, sluice_dns_nat_value>::of(m.dns_nat);
-  auto pods = BpfMap<sluice_pod_id, sluice_pod_record>::of(m.pods);
-  SLUICE_TRY(settings);
-  SLUICE_TRY(podConfig);
-  SLUICE_TRY(podStats);
-  SLUICE_TRY(dnsNat);
-  SLUICE_TRY(pods);
-  auto podAddrs = BpfMap<sluice_pod_addr, sluice_pod_addr_info>::of(m.pod_addrs);
-  auto snatFwd = BpfMap<sluice_snat_key, sluice_snat_value>::of(m.snat_fwd);
-  auto snatRev = BpfMap<sluice_snat_key, sluice_snat_value>::of(m.snat_rev);
-  SLUICE_TRY(podAddrs);
-  SLUICE_TRY(snatFwd);
-  SLUICE_TRY(snatRev);
-  p->podAddrs = *podAddrs;
-  p->snatFwd = *snatFwd;
-  p->snatRev = *snatRev;
-  p->settings = *settings;
-  p->podConfig = *podConfig;
-  p->podStats = *podStats;
-  p->dnsNat = *dnsNat;
-  p->pods = *pods;
+  SLUICE_TRY(bindMap(m.settings, p->settings));
+  SLUICE_TRY(bindMap(m.pod_config, p->podConfig));
+  SLUICE_TRY(bindMap(m.pod_stats, p->podStats));
+  SLUICE_TRY(bindMap(m.dns_nat, p->dnsNat));
+  SLUICE_TRY(bindMap(m.pods, p->pods));
+  SLUICE_TRY(bindMap(m.pod_addrs, p->podAddrs));
+  SLUICE_TRY(bindMap(m.snat_fwd, p->snatFwd));
+  SLUICE_TRY(bindMap(m.snat_rev, p->snatRev));
   return p;
 }
 
