@@ -40,12 +40,32 @@ static __always_inline const __u32 *probe_addr(const struct sluice_settings *cfg
 	return family == AF_INET ? &cfg->probe_v4 : (const __u32 *)cfg->probe_v6;
 }
 
-/* Forgets a finished connection: both directions' entries. */
+/* Forgets a finished connection: both directions' entries leave the live
+ * maps; after a FIN exchange they move to snat_closed for late packets. */
 static __always_inline void snat_forget(const struct sluice_snat_key *fwd_key,
-					const struct sluice_snat_key *rev_key)
+					const struct sluice_snat_key *rev_key, int keep_closed)
 {
+	if (keep_closed) {
+		struct sluice_snat_value *v = bpf_map_lookup_elem(&snat_fwd, fwd_key);
+
+		if (v)
+			bpf_map_update_elem(&snat_closed, fwd_key, v, BPF_ANY);
+		v = bpf_map_lookup_elem(&snat_rev, rev_key);
+		if (v)
+			bpf_map_update_elem(&snat_closed, rev_key, v, BPF_ANY);
+	}
 	bpf_map_delete_elem(&snat_fwd, fwd_key);
 	bpf_map_delete_elem(&snat_rev, rev_key);
+}
+
+/* Closed: after a RST, or the first packet without FIN once both sides
+ * sent FIN (normally the last ACK). */
+static __always_inline int snat_closes(__u16 flags_before, __u8 tcp_flags)
+{
+	return (tcp_flags & TCP_FLAG_RST) ||
+	       ((flags_before & (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN)) ==
+			(SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN) &&
+		!(tcp_flags & TCP_FLAG_FIN));
 }
 
 /* The reply key of a translated connection: pod -> probe addr:port. */
@@ -120,10 +140,16 @@ int host_egress(struct __sk_buff *skb)
 
 	snat_key(&fk, &f);
 	fwd = bpf_map_lookup_elem(&snat_fwd, &fk);
-	if (!fwd) {
-		/* Connections set up before the pod was enrolled stay as they are. */
-		if (!flow_is_syn(&f))
+	if (!fwd && !flow_is_syn(&f)) {
+		/* A late packet of a closed probe connection; connections set up
+		 * before the pod was enrolled stay as they are. */
+		fwd = bpf_map_lookup_elem(&snat_closed, &fk);
+		if (!fwd)
 			return TC_ACT_OK;
+		return nat_rewrite(skb, &f, 1, probe, fwd->port) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	}
+	if (!fwd) {
+		bpf_map_delete_elem(&snat_closed, &fk); /* the port is reused */
 		if (snat_allocate(&f, probe, pod->netns_cookie, &rk, &nv.port) < 0)
 			return TC_ACT_SHOT; /* every candidate port taken: retry later */
 		__builtin_memcpy(nv.addr, probe, 16);
@@ -145,14 +171,10 @@ int host_egress(struct __sk_buff *skb)
 
 	if (f.tcp_flags & TCP_FLAG_FIN)
 		fwd->flags = flags | SLUICE_SNAT_FIN_OUT;
-	if (nat_rewrite_addr(skb, &f, 1, probe) < 0 || nat_rewrite_port(skb, &f, 1, port) < 0)
+	if (nat_rewrite(skb, &f, 1, probe, port) < 0)
 		return TC_ACT_SHOT;
-	/* Closed: after a RST, or the last ACK once both sides sent FIN. */
-	if ((f.tcp_flags & TCP_FLAG_RST) ||
-	    ((flags & (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN)) ==
-		     (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN) &&
-	     !(f.tcp_flags & TCP_FLAG_FIN)))
-		snat_forget(&fk, &rk);
+	if (snat_closes(flags, f.tcp_flags))
+		snat_forget(&fk, &rk, !(f.tcp_flags & TCP_FLAG_RST));
 	return TC_ACT_OK;
 }
 
@@ -174,8 +196,14 @@ int host_ingress(struct __sk_buff *skb)
 		return TC_ACT_OK;
 	snat_key(&rk, &f);
 	rev = bpf_map_lookup_elem(&snat_rev, &rk);
-	if (!rev)
-		return TC_ACT_OK;
+	if (!rev) {
+		/* A late packet of a closed probe connection. */
+		rev = bpf_map_lookup_elem(&snat_closed, &rk);
+		if (!rev)
+			return TC_ACT_OK;
+		__builtin_memcpy(orig, rev->addr, 16);
+		return nat_rewrite(skb, &f, 0, orig, rev->port) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+	}
 	__builtin_memcpy(orig, rev->addr, 16);
 	orig_port = rev->port;
 
@@ -188,18 +216,15 @@ int host_ingress(struct __sk_buff *skb)
 	fk.family = f.family;
 	fwd = bpf_map_lookup_elem(&snat_fwd, &fk);
 
-	if (nat_rewrite_addr(skb, &f, 0, orig) < 0 || nat_rewrite_port(skb, &f, 0, orig_port) < 0)
+	if (nat_rewrite(skb, &f, 0, orig, orig_port) < 0)
 		return TC_ACT_SHOT;
 	if (fwd) {
 		__u16 flags = fwd->flags;
 
 		if (f.tcp_flags & TCP_FLAG_FIN)
 			fwd->flags = flags | SLUICE_SNAT_FIN_IN;
-		if ((f.tcp_flags & TCP_FLAG_RST) ||
-		    ((flags & (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN)) ==
-			     (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN) &&
-		     !(f.tcp_flags & TCP_FLAG_FIN)))
-			snat_forget(&fk, &rk);
+		if (snat_closes(flags, f.tcp_flags))
+			snat_forget(&fk, &rk, !(f.tcp_flags & TCP_FLAG_RST));
 	} else if (f.tcp_flags & TCP_FLAG_RST) {
 		bpf_map_delete_elem(&snat_rev, &rk);
 	}

@@ -120,8 +120,7 @@ static __always_inline int capture_dns(struct ctx *c, enum sluice_tag tag)
 	if (bpf_map_update_elem(&dns_nat, &k, &v, BPF_ANY) < 0)
 		return drop(c);
 	__builtin_memcpy(self, c->f.saddr, 16);
-	if (nat_rewrite_addr(c->skb, &c->f, 0, self) < 0 ||
-	    nat_rewrite_port(c->skb, &c->f, 0, bpf_htons(c->cfg->dns_port)) < 0)
+	if (nat_rewrite(c->skb, &c->f, 0, self, bpf_htons(c->cfg->dns_port)) < 0)
 		return drop(c);
 	return loop_to_ingress(c, tag);
 }
@@ -328,8 +327,7 @@ int pod_lo_egress(struct __sk_buff *skb)
 	    !addr_eq(c.f.saddr, c.f.daddr, c.f.family))
 		return TC_ACT_OK;
 	__builtin_memcpy(resolver, v->resolver_addr, 16);
-	if (nat_rewrite_addr(skb, &c.f, 1, resolver) < 0 ||
-	    nat_rewrite_port(skb, &c.f, 1, v->resolver_port) < 0)
+	if (nat_rewrite(skb, &c.f, 1, resolver, v->resolver_port) < 0)
 		return TC_ACT_SHOT;
 	SLUICE_COUNT(c.cookie, dns_answers);
 	return TC_ACT_OK;

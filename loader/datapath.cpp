@@ -584,7 +584,7 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
     auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
     if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
   }
-  for (const auto* m : {&programs_->snatFwd, &programs_->snatRev})
+  for (const auto* m : {&programs_->snatFwd, &programs_->snatRev, &programs_->snatClosed})
     for (const auto& k : m->keys()) {
       auto v = m->lookup(k);
       if (v && v->netns_cookie == rec.netns_cookie) keep(m->erase(k));

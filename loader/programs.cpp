@@ -92,6 +92,7 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   SLUICE_TRY(bindMap(m.pod_addrs, p->podAddrs));
   SLUICE_TRY(bindMap(m.snat_fwd, p->snatFwd));
   SLUICE_TRY(bindMap(m.snat_rev, p->snatRev));
+  SLUICE_TRY(bindMap(m.snat_closed, p->snatClosed));
   return p;
 }
 

@@ -41,6 +41,7 @@ class PodPrograms {
   BpfMap<sluice_pod_addr, sluice_pod_addr_info> podAddrs;
   BpfMap<sluice_snat_key, sluice_snat_value> snatFwd;
   BpfMap<sluice_snat_key, sluice_snat_value> snatRev;
+  BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
 
  private:
   PodPrograms() = default;

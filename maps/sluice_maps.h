@@ -65,6 +65,8 @@ enum sluice_tag {
 #define SLUICE_MAX_POD_ADDRS 8
 #define SLUICE_POD_ADDR_ENTRIES (SLUICE_MAX_PODS * 4)
 #define SLUICE_SNAT_ENTRIES 65536
+/* Recently closed probe connections, kept for their late packets. */
+#define SLUICE_SNAT_CLOSED_ENTRIES 8192
 /* Ports tried for a probe connection whose source port is taken. */
 #define SLUICE_SNAT_PORT_TRIES 16
 
@@ -78,6 +80,7 @@ enum sluice_tag {
 #define SLUICE_PIN_POD_ADDRS "pod_addrs"
 #define SLUICE_PIN_SNAT_FWD "snat_fwd"
 #define SLUICE_PIN_SNAT_REV "snat_rev"
+#define SLUICE_PIN_SNAT_CLOSED "snat_closed"
 #define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
 
 /*

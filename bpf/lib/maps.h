@@ -81,6 +81,20 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } snat_rev SEC(".maps");
 
+/*
+ * Closed probe connections, both directions' entries, moved here when the
+ * live maps forget them: late packets (the ACK of a FIN in a simultaneous
+ * close, a FIN retransmitted after a lost last ACK) are still translated.
+ * The role of conntrack's TIME_WAIT, bounded by count instead of time.
+ */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, SLUICE_SNAT_CLOSED_ENTRIES);
+	__type(key, struct sluice_snat_key);
+	__type(value, struct sluice_snat_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} snat_closed SEC(".maps");
+
 static __always_inline const struct sluice_settings *settings_get(void)
 {
 	__u32 zero = 0;

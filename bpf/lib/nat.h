@@ -63,3 +63,12 @@ static __always_inline int nat_rewrite_port(struct __sk_buff *skb, struct flow *
 	*cur = port;
 	return 0;
 }
+
+/* Rewrites the source (is_src) or destination address and port. */
+static __always_inline int nat_rewrite(struct __sk_buff *skb, struct flow *f, int is_src,
+				       const __u32 *addr, __be16 port)
+{
+	if (nat_rewrite_addr(skb, f, is_src, addr) < 0)
+		return -1;
+	return nat_rewrite_port(skb, f, is_src, port);
+}

@@ -16,6 +16,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
@@ -44,7 +45,7 @@ std::atomic<int> rootSeq{0};
 // A network namespace that exists only as this descriptor: made by
 // unshare() on a thread that ends right after, so neither the calling
 // thread nor any mount point is touched.
-Result<Fd> newNetns() {
+Result<Fd> unshareNetns() {
   std::optional<Result<Fd>> out;
   std::thread t([&] {
     if (::unshare(CLONE_NEWNET) != 0) {
@@ -167,11 +168,15 @@ std::string natValueStr(const sluice_dns_nat_value& v, int family) {
 
 // ------------------------------------------------------------------ names
 
+Result<Fd> newNetns() { return unshareNetns(); }
+
 const char* progName(Prog p) {
   switch (p) {
     case Prog::Egress: return "pod_egress";
     case Prog::Ingress: return "pod_ingress";
     case Prog::LoEgress: return "pod_lo_egress";
+    case Prog::HostEgress: return "host_egress";
+    case Prog::HostIngress: return "host_ingress";
   }
   return "?";
 }
@@ -211,6 +216,7 @@ std::string describeCounters(const sluice_pod_stats& s) {
   field("owned_pkts", s.owned_pkts);
   field("passed_pkts", s.passed_pkts);
   field("dropped_pkts", s.dropped_pkts);
+  field("probe_conns", s.probe_conns);
   std::string r = o.str();
   return r.empty() ? "all zero" : r;
 }
@@ -259,7 +265,7 @@ Result<std::unique_ptr<Sandbox>> Sandbox::create() {
     sb->obj_ = sharedObject.get();
   }
   SLUICE_TRY(sb->resetMaps());
-  auto ns = newNetns();
+  auto ns = unshareNetns();
   SLUICE_TRY(ns);
   sb->netns_ = std::move(*ns);
   uint64_t cookie = 0;
@@ -289,7 +295,13 @@ Status Sandbox::resetMaps() {
   for (const auto& k : p.podStats.keys()) SLUICE_TRY(p.podStats.erase(k));
   for (const auto& k : p.dnsNat.keys()) SLUICE_TRY(p.dnsNat.erase(k));
   for (const auto& k : p.pods.keys()) SLUICE_TRY(p.pods.erase(k));
-  if (!p.podConfig.keys().empty() || !p.podStats.keys().empty() || !p.dnsNat.keys().empty())
+  for (const auto& k : p.podAddrs.keys()) SLUICE_TRY(p.podAddrs.erase(k));
+  for (const auto& k : p.snatFwd.keys()) SLUICE_TRY(p.snatFwd.erase(k));
+  for (const auto& k : p.snatRev.keys()) SLUICE_TRY(p.snatRev.erase(k));
+  for (const auto& k : p.snatClosed.keys()) SLUICE_TRY(p.snatClosed.erase(k));
+  if (!p.podConfig.keys().empty() || !p.podStats.keys().empty() || !p.dnsNat.keys().empty() ||
+      !p.podAddrs.keys().empty() || !p.snatFwd.keys().empty() || !p.snatRev.keys().empty() ||
+      !p.snatClosed.keys().empty())
     return Error::msg("maps not empty after reset");
   return {};
 }
@@ -387,7 +399,14 @@ Status Sandbox::openSockets(Sockets which) {
 }
 
 Result<RunResult> Sandbox::run(Prog prog, const Bytes& frame, uint32_t mark, uint32_t ifindex) {
-  int fd = prog == Prog::Egress ? programs().egressFd() : prog == Prog::Ingress ? programs().ingressFd() : programs().loEgressFd();
+  int fd = -1;
+  switch (prog) {
+    case Prog::Egress: fd = programs().egressFd(); break;
+    case Prog::Ingress: fd = programs().ingressFd(); break;
+    case Prog::LoEgress: fd = programs().loEgressFd(); break;
+    case Prog::HostEgress: fd = programs().hostEgressFd(); break;
+    case Prog::HostIngress: fd = programs().hostIngressFd(); break;
+  }
   RunResult r;
   Status st = inNetns([&]() -> Status {
     Bytes in = frame;
@@ -416,8 +435,10 @@ Result<RunResult> Sandbox::run(Prog prog, const Bytes& frame, uint32_t mark, uin
   return r;
 }
 
-std::optional<sluice_pod_stats> Sandbox::counters() const {
-  auto per = programs().podStats.lookupPerCpu(cookie_);
+std::optional<sluice_pod_stats> Sandbox::counters() const { return countersOf(cookie_); }
+
+std::optional<sluice_pod_stats> Sandbox::countersOf(uint64_t cookie) const {
+  auto per = programs().podStats.lookupPerCpu(cookie);
   if (per.empty()) return std::nullopt;
   sluice_pod_stats sum{};
   for (const auto& v : per) {
@@ -429,6 +450,7 @@ std::optional<sluice_pod_stats> Sandbox::counters() const {
     sum.owned_pkts += v.owned_pkts;
     sum.passed_pkts += v.passed_pkts;
     sum.dropped_pkts += v.dropped_pkts;
+    sum.probe_conns += v.probe_conns;
   }
   return sum;
 }
@@ -438,6 +460,88 @@ std::vector<std::pair<sluice_dns_nat_key, sluice_dns_nat_value>> Sandbox::natEnt
   for (const auto& k : programs().dnsNat.keys())
     if (auto v = programs().dnsNat.lookup(k)) out.emplace_back(k, *v);
   return out;
+}
+
+// ------------------------------------------------------------- node side
+
+Status Sandbox::addPodAddr(const std::string& addr, uint64_t cookie) {
+  IpAddr a = IpAddr::parse(addr);
+  sluice_pod_addr k{};
+  std::memcpy(k.addr, a.b.data(), a.size());
+  k.family = static_cast<__u8>(a.family);
+  SLUICE_TRY(programs().podAddrs.update(k, sluice_pod_addr_info{.netns_cookie = cookie}));
+  if (programs().podStats.lookupPerCpu(cookie).empty()) SLUICE_TRY(programs().podStats.update(cookie, sluice_pod_stats{}));
+  return {};
+}
+
+Status Sandbox::seedSnat(bool fwd, const sluice_snat_key& k, const sluice_snat_value& v) {
+  return (fwd ? programs().snatFwd : programs().snatRev).update(k, v);
+}
+
+std::vector<std::pair<sluice_snat_key, sluice_snat_value>> Sandbox::snatEntries(bool fwd) const {
+  const auto& m = fwd ? programs().snatFwd : programs().snatRev;
+  std::vector<std::pair<sluice_snat_key, sluice_snat_value>> out;
+  for (const auto& k : m.keys())
+    if (auto v = m.lookup(k)) out.emplace_back(k, *v);
+  std::sort(out.begin(), out.end(),
+            [](const auto& a, const auto& b) { return describeSnatKey(a.first) < describeSnatKey(b.first); });
+  return out;
+}
+
+sluice_snat_key snatKey(const std::string& src, uint16_t sport, const std::string& dst, uint16_t dport) {
+  IpAddr s = IpAddr::parse(src), d = IpAddr::parse(dst);
+  sluice_snat_key k{};
+  std::memcpy(k.saddr, s.b.data(), s.size());
+  std::memcpy(k.daddr, d.b.data(), d.size());
+  k.sport = htons(sport);
+  k.dport = htons(dport);
+  k.family = static_cast<__u8>(s.family);
+  return k;
+}
+
+sluice_snat_value snatValue(const std::string& addr, uint16_t port, uint16_t flags, uint64_t cookie) {
+  IpAddr a = IpAddr::parse(addr);
+  sluice_snat_value v{};
+  std::memcpy(v.addr, a.b.data(), a.size());
+  v.port = htons(port);
+  v.flags = flags;
+  v.netns_cookie = cookie;
+  return v;
+}
+
+namespace {
+std::string addrText(const __u8* bytes, int family) {
+  IpAddr a;
+  a.family = family;
+  std::memcpy(a.b.data(), bytes, 16);
+  std::string s = family == AF_INET6 ? "[" + a.str() + "]" : a.str();
+  // IPv4 keeps the other 12 bytes zero: the programs key by all 16.
+  if (family == AF_INET)
+    for (int i = 4; i < 16; i++)
+      if (bytes[i]) return s + "(+junk)";
+  return s;
+}
+}  // namespace
+
+std::string describeSnatKey(const sluice_snat_key& k) {
+  std::string s = addrText(k.saddr, k.family) + ":" + std::to_string(ntohs(k.sport)) + " -> " +
+                  addrText(k.daddr, k.family) + ":" + std::to_string(ntohs(k.dport));
+  if (k.family != AF_INET && k.family != AF_INET6) s += " family " + std::to_string(k.family);
+  if (k.pad[0] || k.pad[1] || k.pad[2]) s += " (pad not zero)";
+  return s;
+}
+
+std::string describeSnatValue(const sluice_snat_value& v, int family) {
+  std::string s = addrText(v.addr, family) + ":" + std::to_string(ntohs(v.port));
+  if (v.flags) {
+    s += " flags";
+    if (v.flags & SLUICE_SNAT_FIN_OUT) s += " FIN_OUT";
+    if (v.flags & SLUICE_SNAT_FIN_IN) s += " FIN_IN";
+    if (v.flags & ~(SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN)) s += " " + hex32(v.flags);
+  }
+  s += " cookie " + std::to_string(v.netns_cookie);
+  if (v.pad) s += " (pad not zero)";
+  return s;
 }
 
 void SandboxTest::SetUp() {

@@ -1,6 +1,6 @@
-// BPF_PROG_TEST_RUN harness for the pod programs (in the style of Katran's
-// tester and Cilium's bpf tests): a table of cases, each run against fresh
-// state in a sandbox of its own.
+// BPF_PROG_TEST_RUN harness for the pod and node programs (in the style of
+// Katran's tester and Cilium's bpf tests): a table of cases, each run against
+// fresh state in a sandbox of its own.
 //
 // A Sandbox is a new network namespace plus a unique bpffs root with the
 // programs loaded and their maps pinned there. The programs find their pod by
@@ -35,7 +35,7 @@
 
 namespace sluice::test {
 
-enum class Prog { Egress, Ingress, LoEgress };
+enum class Prog { Egress, Ingress, LoEgress, HostEgress, HostIngress };
 const char* progName(Prog p);
 
 /// TC verdicts by name ("TC_ACT_REDIRECT"), numbers only for unknown ones.
@@ -118,6 +118,17 @@ class Sandbox {
   Status seedNat(const NatEntry& e);
   Status openSockets(Sockets s);
 
+  // ---- node side (host_tc.bpf.c) ----
+  /// Seeds pod_addrs[addr] = {cookie} (Istio's probe ipset) and, unless
+  /// there is one already, an empty pod_stats[cookie].
+  Status addPodAddr(const std::string& addr, uint64_t cookie);
+  /// Seeds a probe SNAT entry (fwd: snat_fwd, else snat_rev).
+  Status seedSnat(bool fwd, const sluice_snat_key& k, const sluice_snat_value& v);
+  /// The whole snat_fwd (fwd) or snat_rev map, sorted by key text.
+  std::vector<std::pair<sluice_snat_key, sluice_snat_value>> snatEntries(bool fwd) const;
+  /// pod_stats[cookie] summed over CPUs (counters() for another cookie).
+  std::optional<sluice_pod_stats> countersOf(uint64_t cookie) const;
+
   /// One BPF_PROG_TEST_RUN of prog over the frame, with ctx mark/ifindex.
   Result<RunResult> run(Prog prog, const Bytes& frame, uint32_t mark = 0, uint32_t ifindex = 1);
 
@@ -156,6 +167,20 @@ class SandboxTest : public ::testing::Test {
 /// Counter values by name: "outbound_conns=1 passed_pkts=2" ("all zero").
 std::string describeCounters(const sluice_pod_stats& s);
 bool operator==(const sluice_pod_stats& a, const sluice_pod_stats& b);
+
+/// Probe SNAT key / value from text ("src:sport -> dst:dport"; the value's
+/// address and port, FIN flags and the pod's netns cookie).
+sluice_snat_key snatKey(const std::string& src, uint16_t sport, const std::string& dst, uint16_t dport);
+sluice_snat_value snatValue(const std::string& addr, uint16_t port, uint16_t flags = 0, uint64_t cookie = 0);
+/// "10.1.0.1:40000 -> 10.1.0.5:8080" / "169.254.7.127:40000 flags FIN_OUT cookie 7"
+/// (pad bytes that are not zero are shown too).
+std::string describeSnatKey(const sluice_snat_key& k);
+std::string describeSnatValue(const sluice_snat_value& v, int family);
+
+/// A network namespace that exists only as the returned descriptor (made by
+/// unshare() on a throw-away thread): freed by the kernel when the last
+/// descriptor (and the last socket in it) goes, even after a crash.
+Result<Fd> newNetns();
 
 // Addresses used throughout (pod, a remote peer, the resolver the app asks,
 // the probe SNAT addresses of the spec's defaults).
