@@ -133,6 +133,14 @@ uint64_t nowNs() {
 
 }  // namespace
 
+Error notEnrolledError(const std::string& id) { return Error::msg("pod '" + id + "' is not enrolled", ENOENT); }
+
+Error otherSettingsError(const PodInfo& enrolled) {
+  return Error::msg("pod '" + enrolled.id + "' is already enrolled with other settings (" + describeConfig(enrolled) +
+                        "); remove it first",
+                    EEXIST);
+}
+
 Result<sluice_settings> encodeSettings(const Settings& s) {
   sluice_settings out{};
   out.outbound_port = s.outboundPort;
@@ -322,9 +330,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
       if (existing->netns_cookie != rec.netns_cookie)
         return Error::msg("pod id '" + id + "' is already enrolled for another netns (" + have.netnsPath + ")", EEXIST);
       if (!sameConfig(existing->config, rec.config))
-        return Error::msg("pod '" + id + "' is already enrolled with other settings (" + describeConfig(have) +
-                              "); remove it first",
-                          EEXIST);
+        return otherSettingsError(have);
       alreadyEnrolled = true;
       return {};
     }
@@ -634,7 +640,7 @@ Status Datapath::removePod(const std::string& id) {
   auto lock = StateLock::acquire(options_.bpffsRoot);
   SLUICE_TRY(lock);
   auto rec = programs_->pods.lookup(podKey(id));
-  if (!rec) return Error::msg("pod '" + id + "' is not enrolled", ENOENT);
+  if (!rec) return notEnrolledError(id);
   Status st = teardown(id, *rec);
   if (st.ok()) spdlog::info("removed pod {}", id);
   return st;
@@ -654,7 +660,7 @@ Result<std::vector<PodCounters>> Datapath::stats(const std::optional<std::string
   std::vector<PodCounters> out;
   auto pods = listPods();
   if (id && std::none_of(pods.begin(), pods.end(), [&](const PodInfo& p) { return p.id == *id; }))
-    return Error::msg("pod '" + *id + "' is not enrolled", ENOENT);
+    return notEnrolledError(*id);
   for (const auto& p : pods) {
     if (id && p.id != *id) continue;
     PodCounters c;

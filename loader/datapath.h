@@ -82,6 +82,13 @@ std::string defaultPodId(const std::string& netnsPath);
 /// Pod ids are 1-63 characters of [A-Za-z0-9._-].
 Status validatePodId(const std::string& id);
 
+/// "pod 'ID' is not enrolled" (ENOENT).
+Error notEnrolledError(const std::string& id);
+
+/// The refusal of a `pod add` whose settings differ from the enrolled
+/// pod's; names the settings in force (EEXIST).
+Error otherSettingsError(const PodInfo& enrolled);
+
 /// Reads PodInfo out of a registry record.
 PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec);
 

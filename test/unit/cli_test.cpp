@@ -241,3 +241,24 @@ TEST(ErrorMessages, NetnsPaths) {
 
 }  // namespace
 }  // namespace sluice
+
+namespace sluice {
+namespace {
+
+TEST(ErrorMessages, PodUnknownAndOtherSettings) {
+  Error unknown = notEnrolledError("web");
+  EXPECT_EQ(unknown.code, ENOENT);
+  EXPECT_EQ(cli::formatError(unknown), "sluicectl: pod 'web' is not enrolled\n");
+  PodInfo p;
+  p.id = "web";
+  p.dnsCapture = false;
+  p.rerouteIfaces = {"vif0"};
+  Error other = otherSettingsError(p);
+  EXPECT_EQ(other.code, EEXIST);
+  EXPECT_EQ(other.message,
+            "pod 'web' is already enrolled with other settings (dns-capture off, inbound-capture on, reroute-iface "
+            "vif0); remove it first");
+}
+
+}  // namespace
+}  // namespace sluice
