@@ -273,6 +273,17 @@ Status TestNetns::run(const std::function<Status()>& fn) const {
   return runInNetns(ns->get(), fn);
 }
 
+Result<uint64_t> TestNetns::cookie() const {
+  uint64_t cookie = 0;
+  SLUICE_TRY(run([&]() -> Status {
+    auto c = currentNetnsCookie();
+    SLUICE_TRY(c);
+    cookie = *c;
+    return {};
+  }));
+  return cookie;
+}
+
 CommandResult TestNetns::ip(const std::string& args) const { return sh("ip -n " + name_ + " " + args); }
 
 Result<std::string> TestNetns::sysctl(const std::string& key) const {

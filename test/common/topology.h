@@ -106,6 +106,9 @@ class TestNetns {
   /// Runs fn on a thread that joined this namespace (loader's runInNetns).
   Status run(const std::function<Status()>& fn) const;
 
+  /// The namespace's cookie: the key of its pod in pod_config/pod_stats.
+  Result<uint64_t> cookie() const;
+
   /// `ip -n NAME ARGS`.
   CommandResult ip(const std::string& args) const;
 

@@ -44,17 +44,6 @@ sluice_pod_id podKey(const std::string& id) {
   return k;
 }
 
-Result<uint64_t> cookieOf(const TestNetns& ns) {
-  uint64_t cookie = 0;
-  Status st = ns.run([&]() -> Status {
-    auto c = currentNetnsCookie();
-    SLUICE_TRY(c);
-    cookie = *c;
-    return {};
-  });
-  SLUICE_TRY(st);
-  return cookie;
-}
 
 /// What an enrollment leaves in the pod netns, as the tools show it.
 struct NetnsState {
@@ -379,7 +368,7 @@ TEST_P(Lifecycle, MissingNetnsFailsAndLeavesNoState) {
 TEST_P(Lifecycle, NetnsWithOnlyLoopbackFailsAndLeavesNoState) {
   TestNetns bare("bare");
   ASSERT_TRUE(bare.ok()) << bare.error();
-  auto cookie = cookieOf(bare);
+  auto cookie = bare.cookie();
   ASSERT_TRUE(cookie.ok());
   PodSpec spec;
   spec.netnsPath = bare.path();
@@ -396,7 +385,7 @@ TEST_P(Lifecycle, NetnsWithOnlyLoopbackFailsAndLeavesNoState) {
 }
 
 TEST_P(Lifecycle, MissingRerouteIfaceFailsAndLeavesNoState) {
-  auto cookie = cookieOf(h_->pod());
+  auto cookie = h_->pod().cookie();
   ASSERT_TRUE(cookie.ok());
   PodSpec spec;
   spec.rerouteIfaces = {"nope0"};
@@ -410,7 +399,7 @@ TEST_P(Lifecycle, MissingRerouteIfaceFailsAndLeavesNoState) {
 // A failure half way (the first tcx pin cannot be created) rolls back the
 // sysctl, the rules and the routes made before it.
 TEST_F(TcxLifecycle, FailedAttachRollsBackEverything) {
-  auto cookie = cookieOf(h_->pod());
+  auto cookie = h_->pod().cookie();
   ASSERT_TRUE(cookie.ok());
   // Occupy the pin path of the first attachment with a directory.
   std::string dir = h_->bpffs().linkDir(h_->pod().name());

@@ -91,17 +91,6 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-Result<uint64_t> cookieOf(const TestNetns& ns) {
-  uint64_t cookie = 0;
-  Status st = ns.run([&]() -> Status {
-    auto c = currentNetnsCookie();
-    SLUICE_TRY(c);
-    cookie = *c;
-    return {};
-  });
-  SLUICE_TRY(st);
-  return cookie;
-}
 
 /// Programs attached with tcx to @p ifname in @p ns (ingress + egress).
 Result<uint32_t> tcxProgCount(const TestNetns& ns, const std::string& ifname) {
@@ -523,7 +512,7 @@ TEST_P(ProbeSnat, RemovePodRestoresPlainProbesAndLeavesNothing) {
   if (HasFatalFailure()) return;
   const std::string id = podId();
   const std::string dir = env_->bpffs().linkDir(id);
-  auto cookie = cookieOf(*pod_->ns);
+  auto cookie = pod_->ns->cookie();
   ASSERT_TRUE(cookie.ok());
 
   // Enrolled: translated; this connection stays open across the removal.
@@ -847,7 +836,7 @@ class ProbeSnatErrors : public ::testing::TestWithParam<TcMode> {
     const std::string id = pod.ns->name();
     for (const auto& p : env_->dp().listPods()) EXPECT_NE(p.id, id) << "pod still listed";
     EXPECT_FALSE(pathExists(env_->bpffs().linkDir(id))) << env_->bpffs().linkDir(id);
-    auto cookie = cookieOf(*pod.ns);
+    auto cookie = pod.ns->cookie();
     ASSERT_TRUE(cookie.ok());
     for (const auto& k : env_->maps().podAddrs.keys()) {
       auto v = env_->maps().podAddrs.lookup(k);
@@ -917,7 +906,7 @@ TEST_P(ProbeSnatErrors, SameIpForTwoPodsFailsAndFirstKeepsWorking) {
   auto info = env_->enroll(first);
   ASSERT_TRUE(info.ok()) << info.error().message;
   EXPECT_EQ(info->ips, std::vector<std::string>{pod_->v4});
-  auto cookie1 = cookieOf(*pod_->ns);
+  auto cookie1 = pod_->ns->cookie();
   ASSERT_TRUE(cookie1.ok());
 
   PodSpec clash = env_->specFor(**second);
