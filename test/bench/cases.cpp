@@ -1,0 +1,232 @@
+#include "test/bench/cases.h"
+
+#include <arpa/inet.h>
+
+#include "loader/netns.h"
+
+namespace sluice::bench {
+
+namespace {
+
+constexpr uint32_t kServiceNet = 0x0a600000;  // 10.96.0.0/24: outbound destinations
+constexpr uint32_t kAnyIpNet = 0x0ac90000;    // 10.201.0.0/24: local to the pod (any-IP route)
+constexpr const char* kResolver = "10.96.0.10";
+
+std::string v4Text(uint32_t hostOrder, uint16_t port) {
+  sockaddr_in a = v4(hostOrder, port);
+  return sockaddrText(reinterpret_cast<sockaddr*>(&a));
+}
+
+std::string ipOf(const std::string& addrPort) { return addrPort.substr(0, addrPort.rfind(':')); }
+
+}  // namespace
+
+const char* caseName(CaseKind k) {
+  switch (k) {
+    case CaseKind::Floor: return "floor";
+    case CaseKind::Iptables: return "iptables";
+    case CaseKind::IptablesLegacy: return "iptables-legacy";
+    case CaseKind::SluiceTcx: return "sluice-tcx";
+    case CaseKind::SluiceLegacy: return "sluice-legacy";
+  }
+  return "?";
+}
+
+std::optional<CaseKind> parseCase(const std::string& s) {
+  for (CaseKind k : kAllCases)
+    if (s == caseName(k)) return k;
+  return std::nullopt;
+}
+
+Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules* rules, int sinkCpu) {
+  std::unique_ptr<CaseEnv> env(new CaseEnv(kind));
+  const std::string what = std::string(caseName(kind)) + ": ";
+  env->topo_ = std::make_unique<sluice::test::PodTopology>();
+  if (!env->topo_->ok()) return Error::msg(what + env->topo_->error());
+  auto& topo = *env->topo_;
+  auto r = sluice::test::sh("set -e\nip -n " + topo.pod().name() + " route add local 10.201.0.0/24 dev lo\nip -n " +
+                            topo.node().name() + " route add 10.201.0.0/24 via 10.200.0.2 dev vethpod\n");
+  if (r.exitCode != 0) return Error::msg(what + "any-IP routes: " + r.describe());
+  auto pfd = openNetns(topo.pod().path());
+  SLUICE_TRY(pfd);
+  auto nfd = openNetns(topo.node().path());
+  SLUICE_TRY(nfd);
+  env->podFd_ = std::move(*pfd);
+  env->nodeFd_ = std::move(*nfd);
+
+  SinkConfig sc;
+  sc.netnsFd = env->podFd_.get();
+  sc.cpu = sinkCpu;
+  sc.dnsAnswer = kDnsAnswer;
+  sc.method = isIptables(kind) ? OrigDstMethod::SoOriginalDst : OrigDstMethod::GetSockName;
+  if (kind == CaseKind::Floor) {
+    sc.outbound = {kAnyIpNet, 15001};
+    sc.inbound = {kAnyIpNet, 15006};
+  } else {
+    sc.outbound = {kServiceNet, 80};
+    sc.inbound = {kAnyIpNet, 8080};
+  }
+
+  if (isIptables(kind)) {
+    if (!rules) return Error::msg(what + "no rule files");
+    auto t = applyIstioRules(env->podFd_.get(), kind == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy, *rules);
+    if (!t.ok()) return Error::msg(what + t.error().message);
+  } else if (isSluice(kind)) {
+    env->bpffs_ = std::make_unique<sluice::test::TestBpffs>();
+    DatapathOptions o;
+    o.bpffsRoot = env->bpffs_->root();
+    o.tcMode = kind == CaseKind::SluiceTcx ? TcMode::Tcx : TcMode::Legacy;
+    auto dp = Datapath::open(o);
+    if (!dp.ok()) return Error::msg(what + "Datapath::open: " + dp.error().message);
+    env->dp_ = std::move(*dp);
+    PodSpec spec;
+    spec.netnsPath = topo.pod().path();
+    spec.id = topo.pod().name();
+    auto info = env->dp_->addPod(spec);
+    if (!info.ok()) return Error::msg(what + "addPod: " + info.error().message);
+    env->podId_ = spec.id;
+    env->enrolled_ = true;
+  }
+  auto sink = Sink::start(sc);
+  if (!sink.ok()) return Error::msg(what + sink.error().message);
+  env->sink_ = std::move(*sink);
+  return env;
+}
+
+CaseEnv::~CaseEnv() {
+  sink_.reset();
+  if (dp_ && enrolled_) (void)dp_->removePod(podId_);
+  dp_.reset();
+  podFd_.reset();
+  nodeFd_.reset();
+  topo_.reset();
+  bpffs_.reset();
+}
+
+DstFn CaseEnv::outboundDst() const {
+  if (kind_ == CaseKind::Floor) return [](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), 15001); };
+  return [](int k) { return v4(kServiceNet | static_cast<uint32_t>(k), 80); };
+}
+
+DstFn CaseEnv::inboundDst() const {
+  uint16_t port = kind_ == CaseKind::Floor ? 15006 : 8080;
+  return [port](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), port); };
+}
+
+sockaddr_in CaseEnv::resolver() const {
+  return kind_ == CaseKind::Floor ? v4("127.0.0.1", 15053) : v4(kResolver, 53);
+}
+
+sluice_pod_stats CaseEnv::podStats() {
+  if (!dp_ || !enrolled_) return {};
+  auto s = dp_->stats(podId_);
+  if (!s.ok() || s->empty()) return {};
+  return s->front().stats;
+}
+
+std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
+  using sluice::test::Endpoint;
+  std::vector<std::string> fails;
+  const bool floor = kind_ == CaseKind::Floor;
+  sluice_pod_stats before = podStats();
+  sink_->setRecording(true);
+  sink_->setMode(SinkMode::Echo);
+
+  struct Conn {
+    const char* listener;
+    sluice::test::TestNetns* from;
+    sockaddr_in dst;
+    std::string peerIp;  // "" = not checked
+    std::string redirectedTo;  // iptables: the address REDIRECT gives
+  };
+  std::vector<Conn> conns = {
+      {"outbound", &topo_->pod(), outboundDst()(7), floor ? "" : "10.200.0.2", "127.0.0.1:15001"},
+      {"inbound", &topo_->node(), inboundDst()(9), "10.200.0.1", "10.200.0.2:15006"},
+  };
+  for (const auto& c : conns) {
+    std::string want = sockaddrText(reinterpret_cast<const sockaddr*>(&c.dst));
+    Endpoint ep = Endpoint::fromSockaddr(reinterpret_cast<const sockaddr*>(&c.dst), sizeof(c.dst));
+    auto fd = sluice::test::tcpConnect(*c.from, ep);
+    if (!fd.ok()) {
+      fails.push_back(std::string(c.listener) + " probe to " + want + ": " + fd.error().message);
+      continue;
+    }
+    std::string k(1, static_cast<char>(ntohl(c.dst.sin_addr.s_addr) & 0xff));
+    auto echo = sluice::test::echoRoundTrip(fd->get(), k);
+    if (!echo.ok() || *echo != k) {
+      fails.push_back(std::string(c.listener) + " probe to " + want + ": no answer from the sink");
+      continue;
+    }
+    const ConnInfo* seen = nullptr;
+    auto rec = sink_->recorded();
+    for (const auto& ci : rec)
+      if (ci.listener == c.listener) seen = &ci;
+    if (!seen) {
+      fails.push_back(std::string(c.listener) + " probe to " + want + ": the sink recorded no connection");
+      continue;
+    }
+    std::string how = std::string(c.listener) + " to " + want + ": sink local " + seen->local + ", SO_ORIGINAL_DST " +
+                      (seen->soOriginalDst.empty() ? std::string("fails (") + std::strerror(seen->soOriginalDstErrno) + ")"
+                                                   : seen->soOriginalDst) +
+                      ", peer " + seen->peer;
+    notes.push_back(how);
+    if (seen->origDst != want) fails.push_back(how + ": original destination is not " + want);
+    if (!c.peerIp.empty() && ipOf(seen->peer) != c.peerIp) fails.push_back(how + ": peer is not " + c.peerIp);
+    if (isIptables(kind_) && (seen->soOriginalDst != want || seen->local != c.redirectedTo))
+      fails.push_back(how + ": expected REDIRECT to " + c.redirectedTo + " with SO_ORIGINAL_DST " + want);
+    if (isSluice(kind_) && (seen->local != want || !seen->soOriginalDst.empty()))
+      fails.push_back(how + ": expected TPROXY-style delivery (local address " + want + ", no conntrack NAT)");
+    if (floor && seen->local != want) fails.push_back(how + ": floor connection did not reach the proxy port directly");
+  }
+  sink_->setRecording(false);
+
+  // DNS through the UDP capture, from a connected socket.
+  sockaddr_in res = resolver();
+  std::string resText = sockaddrText(reinterpret_cast<sockaddr*>(&res));
+  uint64_t dnsBefore = sink_->counters().dnsQueries;
+  auto reply = sluice::test::udpExchange(topo_->pod(), Endpoint::fromSockaddr(reinterpret_cast<sockaddr*>(&res), sizeof(res)),
+                                         sluice::test::dnsQuery(0x5a5a, "probe.sluice.example", 1), true);
+  if (!reply.ok()) {
+    fails.push_back("DNS probe to " + resText + ": " + reply.error().message);
+  } else {
+    auto ans = sluice::test::parseDnsAnswer(reply->payload);
+    std::string how = "DNS to " + resText + ": answer from " + reply->from.str();
+    notes.push_back(how);
+    if (reply->from.str() != resText) fails.push_back(how + ": not from the resolver queried");
+    if (!ans || ans->id != 0x5a5a || ans->addresses.empty() || ans->addresses[0] != kDnsAnswer)
+      fails.push_back(how + ": not the sink's answer");
+    if (sink_->counters().dnsQueries <= dnsBefore) fails.push_back(how + ": the sink saw no query");
+  }
+
+  if (isSluice(kind_)) {
+    sluice_pod_stats after = podStats();
+    std::string counters = "sluice counters: outbound_conns +" + std::to_string(after.outbound_conns - before.outbound_conns) +
+                           ", inbound_conns +" + std::to_string(after.inbound_conns - before.inbound_conns) +
+                           ", dns_udp_queries +" + std::to_string(after.dns_udp_queries - before.dns_udp_queries) +
+                           ", dns_answers +" + std::to_string(after.dns_answers - before.dns_answers);
+    notes.push_back(counters);
+    if (after.outbound_conns <= before.outbound_conns || after.inbound_conns <= before.inbound_conns ||
+        after.dns_udp_queries <= before.dns_udp_queries || after.dns_answers <= before.dns_answers)
+      fails.push_back(counters + ": the BPF programs did not handle every probe");
+  }
+
+  if (floor) {
+    // Controls: without redirection the redirected destinations are dead,
+    // so nothing but a working redirect can make the other cases succeed.
+    sluice::test::ConnectOptions co;
+    co.timeout = 1s;
+    auto out = sluice::test::tcpConnect(topo_->pod(), Endpoint::of("10.96.0.7", 80), co);
+    auto in = sluice::test::tcpConnect(topo_->node(), Endpoint::of("10.201.0.9", 8080), co);
+    auto dns = sluice::test::udpExchange(topo_->pod(), Endpoint::of(kResolver, 53),
+                                         sluice::test::dnsQuery(1, "control.example", 1), true, 500ms);
+    notes.push_back(std::string("controls without redirection: 10.96.0.7:80 ") +
+                    (out.ok() ? "connected" : out.error().message) + "; 10.201.0.9:8080 " +
+                    (in.ok() ? "connected" : in.error().message) + "; DNS to 10.96.0.10:53 " +
+                    (dns.ok() ? "answered" : dns.error().message));
+    if (out.ok() || in.ok() || dns.ok())
+      fails.push_back("floor: a redirected destination answers without redirection; the checks would prove nothing");
+  }
+  return fails;
+}
+
+}  // namespace sluice::bench

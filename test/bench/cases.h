@@ -1,0 +1,90 @@
+// The benchmark cases: identical pod topologies (test/common/topology.h's
+// node + pod joined by a veth) that differ only in the redirection.
+//
+//   node netns                               pod netns
+//   10.200.0.1 (vethpod) <──── veth ────>    10.200.0.2 (eth0), default via .1
+//   10.201.0.0/24 via 10.200.0.2              local 10.201.0.0/24 dev lo (any-IP)
+//                                             sink: [::]:15001 [::]:15006 127.0.0.1:15053
+//
+//   case             redirection                        client dials             sink reads
+//   floor            none                               the proxy ports          getsockname
+//   iptables         Istio's rules, iptables-restore    10.96.0.K:80 (out)       SO_ORIGINAL_DST
+//                    (nf_tables) + policy route         10.201.0.K:8080 (in)
+//   iptables-legacy  same, iptables-legacy-restore      same                     SO_ORIGINAL_DST
+//   sluice-tcx       Datapath, tcx links                same                     getsockname
+//   sluice-legacy    Datapath, clsact + cls_bpf         same                     getsockname
+//
+// Outbound clients run in the pod, inbound ones in the node; DNS clients in
+// the pod query 10.96.0.10:53 (floor: 127.0.0.1:15053 directly).
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loader/datapath.h"
+#include "loader/fd.h"
+#include "test/bench/iptables.h"
+#include "test/bench/load.h"
+#include "test/bench/sink.h"
+#include "test/common/topology.h"
+
+namespace sluice::bench {
+
+enum class CaseKind { Floor, Iptables, IptablesLegacy, SluiceTcx, SluiceLegacy };
+inline constexpr CaseKind kAllCases[] = {CaseKind::Floor, CaseKind::Iptables, CaseKind::IptablesLegacy,
+                                         CaseKind::SluiceTcx, CaseKind::SluiceLegacy};
+
+const char* caseName(CaseKind k);
+std::optional<CaseKind> parseCase(const std::string& s);
+inline bool isSluice(CaseKind k) { return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy; }
+inline bool isIptables(CaseKind k) { return k == CaseKind::Iptables || k == CaseKind::IptablesLegacy; }
+
+inline constexpr const char* kDnsAnswer = "10.96.0.99";
+
+class CaseEnv {
+ public:
+  /// Builds the topology, installs the case's redirection and starts the
+  /// sink (pinned to @p sinkCpu). @p rules is needed by the iptables cases.
+  static Result<std::unique_ptr<CaseEnv>> create(CaseKind kind, const IstioRules* rules, int sinkCpu);
+  /// Sink first, then the pod's enrollment, the namespaces, the bpffs root.
+  ~CaseEnv();
+  CaseEnv(const CaseEnv&) = delete;
+  CaseEnv& operator=(const CaseEnv&) = delete;
+
+  CaseKind kind() const { return kind_; }
+  const char* name() const { return caseName(kind_); }
+  Sink& sink() { return *sink_; }
+  int podFd() const { return podFd_.get(); }
+  int nodeFd() const { return nodeFd_.get(); }
+  sluice::test::PodTopology& topo() { return *topo_; }
+  Datapath* datapath() { return dp_.get(); }
+
+  DstFn outboundDst() const;
+  DstFn inboundDst() const;
+  sockaddr_in resolver() const;
+
+  /// The pod's sluice counters (zero for the other cases).
+  sluice_pod_stats podStats();
+
+  /// One outbound and one inbound connection and one DNS query, each checked
+  /// in detail (original destination, how the sink got it, who the peer
+  /// is, sluice's counters), plus controls for the floor. Returns the
+  /// failures; @p notes gets what was seen.
+  std::vector<std::string> probe(std::vector<std::string>& notes);
+
+ private:
+  explicit CaseEnv(CaseKind k) : kind_(k) {}
+
+  CaseKind kind_;
+  std::unique_ptr<sluice::test::TestBpffs> bpffs_;
+  std::unique_ptr<sluice::test::PodTopology> topo_;
+  Fd podFd_, nodeFd_;
+  std::unique_ptr<Datapath> dp_;
+  std::string podId_;
+  bool enrolled_ = false;
+  std::unique_ptr<Sink> sink_;
+};
+
+}  // namespace sluice::bench

@@ -1,0 +1,451 @@
+#include "test/bench/enroll.h"
+
+#include <arpa/inet.h>
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <dirent.h>
+#include <fcntl.h>
+#include <net/if.h>
+#include <sched.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "loader/netns.h"
+#include "loader/tc.h"
+
+namespace sluice::bench {
+
+namespace {
+
+Status ifUp(int s, const char* name) {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+  if (::ioctl(s, SIOCGIFFLAGS, &ifr) != 0) return Error::fromErrno(errno, std::string("SIOCGIFFLAGS ") + name);
+  ifr.ifr_flags = static_cast<short>(ifr.ifr_flags | IFF_UP);
+  if (::ioctl(s, SIOCSIFFLAGS, &ifr) != 0) return Error::fromErrno(errno, std::string("SIOCSIFFLAGS ") + name);
+  return {};
+}
+
+Status ifAddr(int s, const char* name, uint32_t addr, uint32_t mask) {
+  ifreq ifr{};
+  std::strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
+  auto* sin = reinterpret_cast<sockaddr_in*>(&ifr.ifr_addr);
+  sin->sin_family = AF_INET;
+  sin->sin_addr.s_addr = htonl(addr);
+  if (::ioctl(s, SIOCSIFADDR, &ifr) != 0) return Error::fromErrno(errno, "SIOCSIFADDR");
+  sin->sin_addr.s_addr = htonl(mask);
+  if (::ioctl(s, SIOCSIFNETMASK, &ifr) != 0) return Error::fromErrno(errno, "SIOCSIFNETMASK");
+  return {};
+}
+
+template <typename F>
+double timeMs(F&& f) {
+  auto t0 = Clock::now();
+  f();
+  return toMs(Clock::now() - t0);
+}
+
+std::string sluicectl() { return sluice::test::builtBinary("sluicectl"); }
+
+}  // namespace
+
+// ---- PodFarm ---------------------------------------------------------------------
+
+Result<std::unique_ptr<PodFarm>> PodFarm::create(int pods) {
+  std::unique_ptr<PodFarm> f(new PodFarm());
+  f->node_ = uniqueNetnsName();
+  for (int i = 0; i < pods; i++) f->pods_.push_back(uniqueNetnsName());
+  TempDir tmp;
+  std::string add = "netns add " + f->node_ + "\n";
+  for (const auto& p : f->pods_) add += "netns add " + p + "\n";
+  auto addFile = tmp.write("add.batch", add);
+  SLUICE_TRY(addFile);
+  auto r = spawnWait({"ip", "-batch", *addFile}, {}, 600s);
+  if (r.exitCode != 0) return Error::msg(r.describe("ip -batch (netns add)"));
+  // Veths created from inside the node netns: nothing appears in the
+  // machine's own namespace.
+  std::string links;
+  for (int i = 0; i < pods; i++) {
+    std::string v = "p" + std::to_string(i);
+    links += "link add " + v + " type veth peer name eth0 netns " + f->pods_[static_cast<size_t>(i)] + "\n";
+    links += "link set " + v + " up\n";
+  }
+  auto linkFile = tmp.write("links.batch", links);
+  SLUICE_TRY(linkFile);
+  r = spawnWait({"ip", "-n", f->node_, "-batch", *linkFile}, {}, 600s);
+  if (r.exitCode != 0) return Error::msg(r.describe("ip -n " + f->node_ + " -batch (veths)"));
+  // lo and eth0 up, an address on eth0: one thread visiting every pod.
+  Status st;
+  std::thread t([&] {
+    for (int i = 0; i < pods && st.ok(); i++) {
+      std::string path = f->path(i);
+      int nsfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      if (nsfd < 0 || ::setns(nsfd, CLONE_NEWNET) != 0) {
+        st = Error::fromErrno(errno, "enter " + path);
+        if (nsfd >= 0) ::close(nsfd);
+        return;
+      }
+      ::close(nsfd);
+      int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+      Status s1 = ifUp(s, "lo");
+      if (s1.ok()) s1 = ifAddr(s, "eth0", 0x0ade0000u | static_cast<uint32_t>((i / 250) << 8 | (i % 250 + 1)), 0xffff0000u);
+      if (s1.ok()) s1 = ifUp(s, "eth0");
+      ::close(s);
+      if (!s1.ok()) st = Error::msg(path + ": " + s1.error().message);
+    }
+  });
+  t.join();
+  SLUICE_TRY(st);
+  return f;
+}
+
+PodFarm::~PodFarm() {
+  std::string del = "netns del " + node_ + "\n";
+  for (const auto& p : pods_) del += "netns del " + p + "\n";
+  TempDir tmp;
+  auto f = tmp.write("del.batch", del);
+  if (f.ok()) (void)spawnWait({"ip", "-force", "-batch", *f}, {}, 600s);
+}
+
+// ---- Enroll / remove ---------------------------------------------------------------
+
+EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const IstioRules* rules) {
+  EnrollResult res;
+  res.pods = pods;
+  struct PathState {
+    PathTimes times;
+    std::unique_ptr<PodFarm> farm;
+    std::unique_ptr<sluice::test::TestBpffs> bpffs;
+    std::unique_ptr<Datapath> dp;
+    std::vector<bool> added;
+  };
+  std::vector<std::unique_ptr<PathState>> paths;
+  for (CaseKind k : kinds) {
+    if (k == CaseKind::Floor) continue;
+    auto p = std::make_unique<PathState>();
+    p->times.kind = k;
+    p->added.assign(static_cast<size_t>(pods), false);
+    auto farm = PodFarm::create(pods);
+    if (!farm.ok()) {
+      p->times.failures++;
+      p->times.firstError = farm.error().message;
+      paths.push_back(std::move(p));
+      continue;
+    }
+    p->farm = std::move(*farm);
+    if (isSluice(k)) {
+      p->bpffs = std::make_unique<sluice::test::TestBpffs>();
+      DatapathOptions o;
+      o.bpffsRoot = p->bpffs->root();
+      o.tcMode = k == CaseKind::SluiceTcx ? TcMode::Tcx : TcMode::Legacy;
+      auto dp = Datapath::open(o);
+      if (!dp.ok()) {
+        p->times.failures++;
+        p->times.firstError = "Datapath::open: " + dp.error().message;
+        p->farm.reset();
+      } else {
+        p->dp = std::move(*dp);
+      }
+    } else if (!rules) {
+      p->times.failures++;
+      p->times.firstError = "no rule files";
+      p->farm.reset();
+    }
+    paths.push_back(std::move(p));
+  }
+
+  auto fail = [](PathTimes& t, const std::string& e) {
+    t.failures++;
+    if (t.firstError.empty()) t.firstError = e;
+  };
+  auto flavor = [](CaseKind k) { return k == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy; };
+
+  // Enroll: pod 0 of every path, pod 1 of every path, ...
+  for (int i = 0; i < pods && !gStop; i++) {
+    for (auto& p : paths) {
+      if (!p->farm) continue;
+      PathTimes& t = p->times;
+      if (isSluice(t.kind)) {
+        PodSpec spec;
+        spec.netnsPath = p->farm->path(i);
+        spec.id = p->farm->name(i);
+        Result<PodInfo> info = Error::msg("not run");
+        double ms = timeMs([&] { info = p->dp->addPod(spec); });
+        if (!info.ok()) {
+          fail(t, "addPod " + spec.id + ": " + info.error().message);
+          continue;
+        }
+        t.addMs.push_back(ms);
+      } else {
+        auto ns = openNetns(p->farm->path(i));
+        if (!ns.ok()) {
+          fail(t, ns.error().message);
+          continue;
+        }
+        auto r = applyIstioRules(ns->get(), flavor(t.kind), *rules);
+        if (!r.ok()) {
+          fail(t, r.error().message);
+          continue;
+        }
+        t.addMs.push_back(r->total() * 1000);
+        t.v4Ms.push_back(r->v4 * 1000);
+        t.v6Ms.push_back(r->v6 * 1000);
+        t.routeMs.push_back(r->route * 1000);
+      }
+      p->added[static_cast<size_t>(i)] = true;
+    }
+  }
+
+  // Checks that the work was really done (not timed).
+  for (auto& p : paths) {
+    if (!p->farm || p->times.addMs.empty()) continue;
+    PathTimes& t = p->times;
+    if (isSluice(t.kind)) {
+      auto list = p->dp->listPods();
+      size_t withEth0 = 0;
+      for (const auto& pi : list)
+        if (!pi.interfaces.empty() && pi.interfaces[0] == "eth0" &&
+            pi.tcMode == (t.kind == CaseKind::SluiceTcx ? std::string("tcx") : std::string("legacy")))
+          withEth0++;
+      t.checks.push_back(std::to_string(list.size()) + " pods in the registry, " + std::to_string(withEth0) +
+                         " attached at eth0 in " + (t.kind == CaseKind::SluiceTcx ? "tcx" : "legacy") + " mode");
+      t.verified = withEth0 == t.addMs.size();
+      if (t.kind == CaseKind::SluiceTcx && !list.empty()) {
+        std::string pin = p->bpffs->linkDir(p->farm->name(0)) + "/eth0_ingress";
+        bool attached = tcxAttached(pin);
+        t.checks.push_back("pod 0: tcx link " + pin + (attached ? " attached" : " NOT attached"));
+        t.verified = t.verified && attached;
+      }
+    } else {
+      auto ns = openNetns(p->farm->path(0));
+      auto saved = ns.ok() ? iptablesSave(ns->get(), flavor(t.kind)) : Result<std::string>(ns.error());
+      bool ok = saved.ok() && saved->find("-A ISTIO_OUTPUT") != std::string::npos &&
+                saved->find("REDIRECT --to-ports 15001") != std::string::npos &&
+                saved->find("lookup 100") != std::string::npos;
+      t.checks.push_back(std::string("pod 0: ") + (saved.ok() ? (ok ? "ISTIO_* chains, REDIRECT to 15001 and the fwmark rule present"
+                                                                      : "rules or policy route missing")
+                                                               : saved.error().message));
+      t.verified = ok;
+    }
+  }
+
+  // Remove, same interleaving.
+  for (int i = 0; i < pods && !gStop; i++) {
+    for (auto& p : paths) {
+      if (!p->farm || !p->added[static_cast<size_t>(i)]) continue;
+      PathTimes& t = p->times;
+      if (isSluice(t.kind)) {
+        Status st;
+        std::string id = p->farm->name(i);
+        double ms = timeMs([&] { st = p->dp->removePod(id); });
+        if (!st.ok()) {
+          fail(t, "removePod " + id + ": " + st.error().message);
+          continue;
+        }
+        t.removeMs.push_back(ms);
+      } else {
+        auto ns = openNetns(p->farm->path(i));
+        if (!ns.ok()) {
+          fail(t, ns.error().message);
+          continue;
+        }
+        auto r = removeIstioRules(ns->get(), flavor(t.kind), *rules);
+        if (!r.ok()) {
+          fail(t, r.error().message);
+          continue;
+        }
+        t.removeMs.push_back(r->total() * 1000);
+      }
+      p->added[static_cast<size_t>(i)] = false;
+    }
+  }
+  for (auto& p : paths) {
+    PathTimes& t = p->times;
+    if (!p->farm || t.removeMs.empty()) continue;
+    if (isSluice(t.kind)) {
+      size_t left = p->dp->listPods().size();
+      t.checks.push_back("after removal: " + std::to_string(left) + " pods in the registry");
+      t.verified = t.verified && left == 0;
+    } else {
+      auto ns = openNetns(p->farm->path(0));
+      auto saved = ns.ok() ? iptablesSave(ns->get(), flavor(t.kind)) : Result<std::string>(ns.error());
+      bool gone = saved.ok() && saved->find("ISTIO_") == std::string::npos && saved->find("lookup 100") == std::string::npos;
+      t.checks.push_back(std::string("after removal, pod 0: ") + (gone ? "no ISTIO_* chain, no fwmark rule" : "leftovers"));
+      t.verified = t.verified && gone;
+    }
+  }
+  for (auto& p : paths) {
+    // Whatever is still enrolled goes before the namespaces (destructors).
+    if (p->dp)
+      for (int i = 0; i < pods; i++)
+        if (p->added[static_cast<size_t>(i)]) (void)p->dp->removePod(p->farm->name(i));
+    res.paths.push_back(p->times);
+  }
+  return res;
+}
+
+// ---- sluicectl -------------------------------------------------------------------
+
+CliResult runCliBench(int pods) {
+  CliResult res;
+  auto fail = [&](const std::string& e) {
+    res.failures++;
+    if (res.firstError.empty()) res.firstError = e;
+  };
+  auto farm = PodFarm::create(pods);
+  if (!farm.ok()) {
+    fail(farm.error().message);
+    return res;
+  }
+  sluice::test::TestBpffs bpffs;
+  std::vector<bool> added(static_cast<size_t>(pods), false);
+  for (int i = 0; i < pods && !gStop; i++) {
+    auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "add", "--netns", (*farm)->path(i)});
+    if (r.exitCode != 0) {
+      fail(r.describe("sluicectl pod add"));
+      continue;
+    }
+    added[static_cast<size_t>(i)] = true;
+    res.addMs.push_back(r.seconds * 1000);
+    res.addMaxRssKb = std::max(res.addMaxRssKb, r.maxRssKb);
+  }
+  for (int i = 0; i < pods; i++) {
+    if (!added[static_cast<size_t>(i)]) continue;
+    auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "remove", "--id", (*farm)->name(i)});
+    if (r.exitCode != 0) {
+      fail(r.describe("sluicectl pod remove"));
+      continue;
+    }
+    res.removeMs.push_back(r.seconds * 1000);
+    res.removeMaxRssKb = std::max(res.removeMaxRssKb, r.maxRssKb);
+  }
+  return res;
+}
+
+// ---- Scale -----------------------------------------------------------------------
+
+uint64_t fdinfoMemlock(int fd) {
+  std::ifstream f("/proc/self/fdinfo/" + std::to_string(fd));
+  std::string line;
+  while (std::getline(f, line))
+    if (line.rfind("memlock:", 0) == 0) return std::strtoull(line.c_str() + 8, nullptr, 10);
+  return 0;
+}
+
+std::vector<MapMem> mapMemory(const std::string& root) {
+  std::vector<MapMem> out;
+  DIR* d = ::opendir(root.c_str());
+  if (!d) return out;
+  while (dirent* e = ::readdir(d)) {
+    std::string name = e->d_name;
+    if (name == "." || name == "..") continue;
+    std::string path = root + "/" + name;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode)) continue;
+    int fd = bpf_obj_get(path.c_str());
+    if (fd < 0) continue;
+    bpf_map_info info{};
+    __u32 len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) == 0) {
+      MapMem m;
+      m.name = name;
+      const char* t = libbpf_bpf_map_type_str(static_cast<bpf_map_type>(info.type));
+      m.type = t ? t : std::to_string(info.type);
+      m.maxEntries = info.max_entries;
+      m.memlock = fdinfoMemlock(fd);
+      out.push_back(m);
+    }
+    ::close(fd);
+  }
+  ::closedir(d);
+  std::sort(out.begin(), out.end(), [](const MapMem& a, const MapMem& b) { return a.name < b.name; });
+  return out;
+}
+
+ScaleResult runScaleBench(int pods) {
+  ScaleResult res;
+  res.pods = pods;
+  auto fail = [&](const std::string& e) {
+    res.failures++;
+    if (res.firstError.empty()) res.firstError = e;
+  };
+  // One more pod than enrolled in process: sluicectl adds it at scale.
+  auto farm = PodFarm::create(pods + 1);
+  if (!farm.ok()) {
+    fail(farm.error().message);
+    return res;
+  }
+  sluice::test::TestBpffs bpffs;
+  res.rssBeforeKb = vmRssKb();
+  DatapathOptions o;
+  o.bpffsRoot = bpffs.root();
+  o.tcMode = TcMode::Tcx;
+  auto dp = Datapath::open(o);
+  if (!dp.ok()) {
+    fail("Datapath::open: " + dp.error().message);
+    return res;
+  }
+  res.rssAfterOpenKb = vmRssKb();
+  res.mapsBefore = mapMemory(bpffs.root());
+  auto& prog = (*dp)->programs();
+  for (int fd : {prog.egressFd(), prog.ingressFd(), prog.loEgressFd(), prog.hostEgressFd(), prog.hostIngressFd()})
+    res.progMemlock += fdinfoMemlock(fd);
+
+  std::vector<bool> added(static_cast<size_t>(pods), false);
+  for (int i = 0; i < pods && !gStop; i++) {
+    PodSpec spec;
+    spec.netnsPath = (*farm)->path(i);
+    spec.id = (*farm)->name(i);
+    Result<PodInfo> info = Error::msg("not run");
+    double ms = timeMs([&] { info = (*dp)->addPod(spec); });
+    if (!info.ok()) {
+      fail("addPod " + spec.id + ": " + info.error().message);
+      continue;
+    }
+    added[static_cast<size_t>(i)] = true;
+    res.addMs.push_back(ms);
+  }
+  res.rssAfterPodsKb = vmRssKb();
+  res.mapsAfter = mapMemory(bpffs.root());
+  size_t listed = (*dp)->listPods().size();
+  res.verified = listed == res.addMs.size() && res.failures == 0;
+
+  // The CLI with every pod enrolled: what an operator's `sluicectl` costs.
+  if (!gStop) {
+    auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "add", "--netns", (*farm)->path(pods)});
+    if (r.exitCode != 0) fail(r.describe("sluicectl pod add"));
+    res.cliAddMs = r.seconds * 1000;
+    res.cliAddRssKb = r.maxRssKb;
+    r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list"});
+    if (r.exitCode != 0) fail(r.describe("sluicectl pod list"));
+    res.cliListMs = r.seconds * 1000;
+    res.cliListRssKb = r.maxRssKb;
+    r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "remove", "--id", (*farm)->name(pods)});
+    if (r.exitCode != 0) fail(r.describe("sluicectl pod remove"));
+    res.cliRemoveMs = r.seconds * 1000;
+    res.cliRemoveRssKb = r.maxRssKb;
+  }
+
+  for (int i = 0; i < pods; i++) {
+    if (!added[static_cast<size_t>(i)]) continue;
+    std::string id = (*farm)->name(i);
+    Status st;
+    double ms = timeMs([&] { st = (*dp)->removePod(id); });
+    if (!st.ok()) {
+      fail("removePod " + id + ": " + st.error().message);
+      continue;
+    }
+    res.removeMs.push_back(ms);
+  }
+  res.verified = res.verified && (*dp)->listPods().empty();
+  return res;
+}
+
+}  // namespace sluice::bench

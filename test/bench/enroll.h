@@ -1,0 +1,89 @@
+// Pod enrollment and removal: sluice's Datapath (in process, tcx and
+// legacy), the sluicectl CLI, and Istio's path (iptables-restore of the
+// in-pod rules + the policy-route script, nf_tables and legacy), each in
+// fresh network namespaces. Only the enrollment work is timed: namespaces and
+// their veths are made beforehand, in bulk (PodFarm).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test/bench/cases.h"
+#include "test/bench/iptables.h"
+
+namespace sluice::bench {
+
+/// N pod namespaces, each with lo and an eth0 (10.222.x.y/16) whose veth
+/// peer lives in one shared "node" namespace. All deleted on destruction.
+class PodFarm {
+ public:
+  static Result<std::unique_ptr<PodFarm>> create(int pods);
+  ~PodFarm();
+  PodFarm(const PodFarm&) = delete;
+  PodFarm& operator=(const PodFarm&) = delete;
+  int size() const { return static_cast<int>(pods_.size()); }
+  const std::string& name(int i) const { return pods_[static_cast<size_t>(i)]; }
+  std::string path(int i) const { return "/run/netns/" + name(i); }
+
+ private:
+  PodFarm() = default;
+  std::string node_;
+  std::vector<std::string> pods_;
+};
+
+/// Enroll / removal times of one path, milliseconds, in pod order.
+struct PathTimes {
+  CaseKind kind;
+  std::vector<double> addMs, removeMs;
+  std::vector<double> v4Ms, v6Ms, routeMs;  ///< iptables paths: the three steps of an add
+  uint64_t failures = 0;
+  std::string firstError;
+  std::vector<std::string> checks;  ///< what verified that the work was done
+  bool verified = false;
+};
+
+struct EnrollResult {
+  int pods = 0;
+  std::vector<PathTimes> paths;
+};
+
+/// @p pods pods per path, the paths interleaved pod by pod.
+EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const IstioRules* rules);
+
+/// sluicectl as a process: `pod add` / `pod remove` times (including the
+/// process start and the program load it does every run) and peak RSS.
+struct CliResult {
+  std::vector<double> addMs, removeMs;
+  long addMaxRssKb = 0, removeMaxRssKb = 0;
+  uint64_t failures = 0;
+  std::string firstError;
+};
+CliResult runCliBench(int pods);
+
+struct MapMem {
+  std::string name, type;
+  uint32_t maxEntries = 0;
+  uint64_t memlock = 0;  ///< bytes (fdinfo "memlock", what bpftool map show prints)
+};
+/// The maps pinned under a bpffs root.
+std::vector<MapMem> mapMemory(const std::string& root);
+uint64_t fdinfoMemlock(int fd);
+
+struct ScaleResult {
+  int pods = 0;
+  std::vector<double> addMs, removeMs;
+  long rssBeforeKb = 0, rssAfterOpenKb = 0, rssAfterPodsKb = 0;
+  std::vector<MapMem> mapsBefore, mapsAfter;
+  uint64_t progMemlock = 0;
+  // sluicectl with `pods` pods enrolled
+  double cliAddMs = 0, cliListMs = 0, cliRemoveMs = 0;
+  long cliAddRssKb = 0, cliListRssKb = 0, cliRemoveRssKb = 0;
+  uint64_t failures = 0;
+  std::string firstError;
+  bool verified = false;
+};
+ScaleResult runScaleBench(int pods);
+
+}  // namespace sluice::bench
