@@ -12,11 +12,6 @@ constexpr uint32_t kServiceNet = 0x0a600000;  // 10.96.0.0/24: outbound destinat
 constexpr uint32_t kAnyIpNet = 0x0ac90000;    // 10.201.0.0/24: local to the pod (any-IP route)
 constexpr const char* kResolver = "10.96.0.10";
 
-std::string v4Text(uint32_t hostOrder, uint16_t port) {
-  sockaddr_in a = v4(hostOrder, port);
-  return sockaddrText(reinterpret_cast<sockaddr*>(&a));
-}
-
 std::string ipOf(const std::string& addrPort) { return addrPort.substr(0, addrPort.rfind(':')); }
 
 }  // namespace

@@ -268,7 +268,6 @@ BulkResult runBulk(int nsfd, const sockaddr_in& dst, const Sink& sink, const Loa
     auto c = connectAndGreet(dst, k, false, o.mss);
     SLUICE_TRY(c);
     std::vector<char> buf(64 * 1024, 'b');
-    auto start = Clock::now();
     auto [from, end] = windowOf(o);
     bool started = false;
     uint64_t b0 = 0;
