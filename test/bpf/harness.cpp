@@ -89,6 +89,8 @@ class BpfTestEnvironment : public ::testing::Environment {
 [[maybe_unused]] ::testing::Environment* const bpfTestEnv =
     ::testing::AddGlobalTestEnvironment(new BpfTestEnvironment);
 
+}  // namespace
+
 Status linkUp(const char* name) {
   Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
   if (!s.valid()) return Error::fromErrno(errno, "socket");
@@ -99,6 +101,8 @@ Status linkUp(const char* name) {
   if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return Error::fromErrno(errno, std::string("SIOCSIFFLAGS ") + name);
   return {};
 }
+
+namespace {
 
 Status addLoAddress(NetlinkSocket& nl, const char* text) {
   IpAddr ip = IpAddr::parse(text);

@@ -182,6 +182,9 @@ std::string describeSnatValue(const sluice_snat_value& v, int family);
 /// descriptor (and the last socket in it) goes, even after a crash.
 Result<Fd> newNetns();
 
+/// Sets interface @p name up in the calling thread's network namespace.
+Status linkUp(const char* name);
+
 // Addresses used throughout (pod, a remote peer, the resolver the app asks,
 // the probe SNAT addresses of the spec's defaults).
 struct Family {

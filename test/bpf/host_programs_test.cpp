@@ -778,16 +778,6 @@ INSTANTIATE_TEST_SUITE_P(Host, HostSeq, ::testing::ValuesIn(kHostFamilies), fami
 
 std::atomic<int> pinSeq{0};
 
-Status linkUpIn(const char* name) {
-  Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (!s.valid()) return Error::fromErrno(errno, "socket");
-  struct ifreq ifr {};
-  std::strncpy(ifr.ifr_name, name, IFNAMSIZ - 1);
-  if (::ioctl(s.get(), SIOCGIFFLAGS, &ifr) != 0) return Error::fromErrno(errno, std::string("SIOCGIFFLAGS ") + name);
-  ifr.ifr_flags |= IFF_UP;
-  if (::ioctl(s.get(), SIOCSIFFLAGS, &ifr) != 0) return Error::fromErrno(errno, std::string("SIOCSIFFLAGS ") + name);
-  return {};
-}
 
 // Waits (up to 3 s) until name is operationally up: its carrier seen and its
 // qdisc activated by linkwatch. Before that the device drops what it is
@@ -1124,7 +1114,7 @@ class NodeTopology {
     SLUICE_TRY(sb.inNetns([&]() -> Status {
       auto nl = NetlinkSocket::open();
       SLUICE_TRY(nl);
-      SLUICE_TRY(linkUpIn("lo"));
+      SLUICE_TRY(linkUp("lo"));
       SLUICE_TRY(addVeth(*nl, "hveth", 101, "eth0", 201, t->pod_.get()));
       SLUICE_TRY(addVeth(*nl, "rveth", 102, "eth0", 202, t->remote_.get()));
       if (cni == Cni::Bridged) {
@@ -1137,15 +1127,15 @@ class NodeTopology {
         for (const char* port : {"hveth", "hveth2"}) {
           SLUICE_TRY(nl->call([&](nl_sock* s) { return rtnl_link_enslave_ifindex(s, ifindexOf("br0"), ifindexOf(port)); },
                               std::string("enslave ") + port));
-          SLUICE_TRY(linkUpIn(port));
+          SLUICE_TRY(linkUp(port));
           if (!checksumOffload) SLUICE_TRY(txChecksumOff(port));
         }
-        SLUICE_TRY(linkUpIn("br0"));
+        SLUICE_TRY(linkUp("br0"));
       } else {
-        SLUICE_TRY(linkUpIn("hveth"));
+        SLUICE_TRY(linkUp("hveth"));
         if (!checksumOffload) SLUICE_TRY(txChecksumOff("hveth"));
       }
-      SLUICE_TRY(linkUpIn("rveth"));
+      SLUICE_TRY(linkUp("rveth"));
       return {};
     }));
     // A pod's or the remote node's side: eth0 with its addresses, default
@@ -1154,8 +1144,8 @@ class NodeTopology {
       return runInNetns(ns, [&]() -> Status {
         auto nl = NetlinkSocket::open();
         SLUICE_TRY(nl);
-        SLUICE_TRY(linkUpIn("lo"));
-        SLUICE_TRY(linkUpIn("eth0"));
+        SLUICE_TRY(linkUp("lo"));
+        SLUICE_TRY(linkUp("eth0"));
         if (verifyChecksums) SLUICE_TRY(txChecksumOff("eth0"));
         SLUICE_TRY(fastNeighbours("eth0"));
         SLUICE_TRY(waitRunning("eth0"));
