@@ -278,7 +278,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   rec.config.flags = (spec.dnsCapture ? SLUICE_POD_DNS_CAPTURE : 0) | (spec.inboundCapture ? SLUICE_POD_INBOUND_CAPTURE : 0);
   copyString(rec.config.id, sizeof(rec.config.id), id);
 
-  TcMode mode = options_.tcMode;
+  TcMode mode = spec.tcMode.value_or(options_.tcMode);
   std::string pinDir = linkDir(id);
   auto existing = programs_->pods.lookup(podKey(id));
   bool alreadyEnrolled = false;
@@ -679,6 +679,221 @@ Result<std::vector<PodCounters>> Datapath::stats(const std::optional<std::string
     out.push_back(c);
   }
   return out;
+}
+
+}  // namespace sluice
+
+// ---------------------------------------------------------------------------
+// Checking and repairing enrolled pods (the agent's reconciliation).
+
+namespace sluice {
+
+namespace {
+
+// One hook of an enrolled pod: where it is and which program belongs there.
+struct Hook {
+  int ifindex;
+  std::string ifname;
+  TcHook hook;
+  int progFd;
+  std::string pin;  ///< tcx pin path
+};
+
+// attachLegacy() replaces sluice's filter in place; the qdisc exists.
+Status replaceLegacy(int ifindex, TcHook hook, int progFd) {
+  auto r = attachLegacy(ifindex, hook, progFd);
+  if (!r.ok()) return r.error();
+  return {};
+}
+
+}  // namespace
+
+PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, bool repair) {
+  PodCheck out;
+  out.id = id;
+  const bool legacy = rec.tc_mode == SLUICE_TC_LEGACY;
+  auto found = [&](const std::string& what, const std::function<Status()>& fix) {
+    out.problems.push_back(what);
+    if (!repair) return;
+    Status st = fix();
+    if (st.ok()) {
+      out.repaired.push_back(what);
+      spdlog::info("pod {}: repaired: {}", id, what);
+    } else {
+      out.problems.back() += " (repair failed: " + st.error().message + ")";
+      spdlog::warn("pod {}: could not repair {}: {}", id, what, st.error().message);
+    }
+  };
+  // A hook: attached (else re-attach), running our program (else swap it).
+  auto checkHook = [&](const Hook& h) {
+    std::string where = h.ifname + " " + tcHookName(h.hook);
+    uint32_t want = programId(h.progFd);
+    uint32_t have = legacy ? legacyProgramId(h.ifindex, h.hook) : tcxProgramId(h.pin);
+    if (!have) {
+      found("no program attached at " + where, [&]() -> Status {
+        if (legacy) return replaceLegacy(h.ifindex, h.hook, h.progFd);
+        return attachTcx(h.ifindex, h.hook, h.progFd, h.pin);
+      });
+      return;
+    }
+    if (have != want && repair) {
+      Status st = legacy ? replaceLegacy(h.ifindex, h.hook, h.progFd) : updateTcx(h.pin, h.progFd);
+      if (st.ok())
+        out.programsReplaced++;
+      else
+        out.problems.push_back("could not switch " + where + " to program " + std::to_string(want) + ": " +
+                               st.error().message);
+    }
+  };
+
+  std::string dir = linkDir(id);
+  std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  auto ns = openNetns(path);
+  if (!ns.ok()) {
+    if (ns.error().code != ENOENT) out.problems.push_back(ns.error().message);
+    out.gone = ns.error().code == ENOENT;
+    return out;
+  }
+  Status inNs = runInNetns(ns->get(), [&]() -> Status {
+    auto cookie = currentNetnsCookie();
+    SLUICE_TRY(cookie);
+    if (*cookie != rec.netns_cookie) {
+      out.gone = true;  // the path names another netns now
+      return {};
+    }
+    auto links = listLinks();
+    SLUICE_TRY(links);
+    auto linkOf = [&](int ifindex) -> const LinkInfo* {
+      for (const auto& l : *links)
+        if (l.ifindex == ifindex) return &l;
+      return nullptr;
+    };
+    for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
+      const auto& slot = rec.ifaces[i];
+      std::string name = fromFixed(slot.name, sizeof(slot.name));
+      const LinkInfo* l = linkOf(static_cast<int>(slot.ifindex));
+      if (!l || l->name != name) {
+        out.problems.push_back("interface " + name + " is gone");
+        continue;
+      }
+      checkHook({l->ifindex, name, TcHook::Ingress, programs_->ingressFd(), dir + "/" + name + "_ingress"});
+      checkHook({l->ifindex, name, TcHook::Egress, programs_->egressFd(), dir + "/" + name + "_egress"});
+      auto al = readSysctl(acceptLocalSysctl(name));
+      if (al.ok() && *al != "1")
+        found("accept_local is off on " + name, [&] { return writeSysctl(acceptLocalSysctl(name), "1"); });
+    }
+    if (linkOf(static_cast<int>(rec.lo_ifindex)))
+      checkHook({static_cast<int>(rec.lo_ifindex), "lo", TcHook::Egress, programs_->loEgressFd(), dir + "/lo_egress"});
+    for (int family : {AF_INET, AF_INET6}) {
+      if (!(rec.routes & (family == AF_INET ? SLUICE_ROUTES_V4 : SLUICE_ROUTES_V6))) continue;
+      const char* fam = family == AF_INET ? "IPv4" : "IPv6";
+      auto rule = policyRuleExists(returnRule(options_.settings, family));
+      if (rule.ok() && !*rule)
+        found(std::string(fam) + " policy rule for the return mark is missing",
+              [&] { return addPolicyRule(returnRule(options_.settings, family)); });
+      auto route = localDefaultRouteExists(family, SLUICE_ROUTE_TABLE);
+      if (route.ok() && !*route)
+        found(std::string(fam) + " local default route of table " + std::to_string(SLUICE_ROUTE_TABLE) + " is missing",
+              [&] { return addLocalDefaultRoute(family, SLUICE_ROUTE_TABLE, rec.lo_ifindex); });
+    }
+    return {};
+  });
+  if (!inNs.ok()) out.problems.push_back(inNs.error().message);
+  if (out.gone) return out;
+
+  // Node side: the host-side veth's probe SNAT hooks.
+  if (rec.host_iface.ifindex) {
+    std::string nodePath = fromFixed(rec.node_netns_path, sizeof(rec.node_netns_path));
+    auto nodeNs = openNetns(nodePath.empty() ? "/proc/self/ns/net" : nodePath);
+    if (!nodeNs.ok()) {
+      out.problems.push_back("node " + nodeNs.error().message);
+    } else {
+      Status st = runInNetns(nodeNs->get(), [&]() -> Status {
+        auto cookie = currentNetnsCookie();
+        SLUICE_TRY(cookie);
+        std::string name = fromFixed(rec.host_iface.name, sizeof(rec.host_iface.name));
+        if (*cookie != rec.node_netns_cookie) {
+          out.problems.push_back("node netns of host-side " + name + " is another one now");
+          return {};
+        }
+        auto links = listLinks();
+        SLUICE_TRY(links);
+        bool present = std::any_of(links->begin(), links->end(), [&](const LinkInfo& l) {
+          return l.ifindex == static_cast<int>(rec.host_iface.ifindex) && l.name == name;
+        });
+        if (!present) {
+          out.problems.push_back("host-side interface " + name + " is gone");
+          return {};
+        }
+        for (TcHook hook : {TcHook::Egress, TcHook::Ingress}) {
+          int fd = hook == TcHook::Egress ? programs_->hostEgressFd() : programs_->hostIngressFd();
+          checkHook({static_cast<int>(rec.host_iface.ifindex), "host-side " + name, hook, fd,
+                     hostPin(dir, rec.host_iface, hook)});
+        }
+        return {};
+      });
+      if (!st.ok()) out.problems.push_back(st.error().message);
+    }
+    for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) {
+      auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
+      if (!owner)
+        found("address " + formatPodAddr(rec.addrs[i]) + " is missing from " + SLUICE_PIN_POD_ADDRS,
+              [&] { return programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}); });
+    }
+  }
+
+  // Map entries: the config switches redirection on; stats are counted.
+  auto cfg = programs_->podConfig.lookup(rec.netns_cookie);
+  if (!cfg || std::memcmp(&*cfg, &rec.config, sizeof(rec.config)) != 0)
+    found(std::string(cfg ? "wrong" : "no") + " entry in " + SLUICE_PIN_POD_CONFIG,
+          [&] { return programs_->podConfig.update(rec.netns_cookie, rec.config); });
+  if (programs_->podStats.lookupPerCpu(rec.netns_cookie).empty())
+    found(std::string("no entry in ") + SLUICE_PIN_POD_STATS,
+          [&] { return programs_->podStats.update(rec.netns_cookie, sluice_pod_stats{}); });
+  return out;
+}
+
+Result<PodCheck> Datapath::checkPod(const std::string& id) {
+  SLUICE_TRY(validatePodId(id));
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  SLUICE_TRY(lock);
+  auto rec = programs_->pods.lookup(podKey(id));
+  if (!rec) return notEnrolledError(id);
+  return inspect(id, *rec, false);
+}
+
+ReconcileReport Datapath::reconcile() {
+  ReconcileReport report;
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  if (!lock.ok()) {
+    report.errors.push_back(lock.error().message);
+    return report;
+  }
+  auto keys = programs_->pods.keys();
+  report.pods = keys.size();
+  for (const auto& key : keys) {
+    std::string id = fromFixed(key.id, sizeof(key.id));
+    auto rec = programs_->pods.lookup(key);
+    if (!rec) continue;  // removed meanwhile (by another sluice process)
+    PodCheck c = inspect(id, *rec, true);
+    report.programsReplaced += c.programsReplaced;
+    if (c.gone) {
+      spdlog::info("pod {}: netns {} is gone; removing the pod", id, fromFixed(rec->netns_path, sizeof(rec->netns_path)));
+      Status st = teardown(id, *rec);
+      if (st.ok())
+        report.removed.push_back(id);
+      else
+        report.errors.push_back("pod " + id + ": " + st.error().message);
+      continue;
+    }
+    if (!c.problems.empty()) {
+      for (const auto& p : c.problems)
+        if (std::find(c.repaired.begin(), c.repaired.end(), p) == c.repaired.end())
+          report.errors.push_back("pod " + id + ": " + p);
+      report.repaired.push_back(std::move(c));
+    }
+  }
+  return report;
 }
 
 }  // namespace sluice

@@ -50,6 +50,8 @@ struct PodSpec {
   /// The pod's addresses for probe SNAT; empty: discovered in the pod netns
   /// (every address of its non-loopback interfaces but IPv6 link-local).
   std::vector<std::string> ips;
+  /// Attach mode for this pod; nullopt: the Datapath's (DatapathOptions).
+  std::optional<TcMode> tcMode;
 };
 
 /// An enrolled pod as the registry records it.
@@ -73,6 +75,24 @@ struct PodInfo {
 struct PodCounters {
   std::string id;
   sluice_pod_stats stats{};
+};
+
+/// What a look at one enrolled pod found (and, when repairing, did).
+struct PodCheck {
+  std::string id;
+  bool gone = false;                  ///< its netns no longer exists
+  std::vector<std::string> problems;  ///< damage found
+  std::vector<std::string> repaired;  ///< damage fixed (repair mode only)
+  int programsReplaced = 0;           ///< hooks switched to this Datapath's programs
+};
+
+/// One reconciliation sweep over every enrolled pod.
+struct ReconcileReport {
+  size_t pods = 0;                   ///< enrolled before the sweep
+  std::vector<std::string> removed;  ///< pods whose netns was gone
+  std::vector<PodCheck> repaired;    ///< pods that had damage (fixed or not)
+  int programsReplaced = 0;          ///< hooks now running this Datapath's programs
+  std::vector<std::string> errors;   ///< what could not be done, one line each
 };
 
 /// The pod id `pod add` uses when --id is not given: the netns file's name
@@ -114,6 +134,17 @@ class Datapath {
 
   std::vector<PodInfo> listPods();
 
+  /// Looks at an enrolled pod without changing anything: attachments,
+  /// sysctls, policy rules and routes, node side, map entries.
+  Result<PodCheck> checkPod(const std::string& id);
+
+  /// The agent's sweep: pods whose netns is gone are removed; damaged pods
+  /// are repaired (missing attachments re-made, rules, routes, sysctls and
+  /// map entries restored); every hook is switched in place to this
+  /// Datapath's programs (bpf_link_update for tcx, a filter replace for
+  /// clsact), which is how a newer build takes over without a gap.
+  ReconcileReport reconcile();
+
   /// Counters of one pod (id) or all.
   Result<std::vector<PodCounters>> stats(const std::optional<std::string>& id);
 
@@ -125,6 +156,8 @@ class Datapath {
       : options_(std::move(options)), programs_(std::move(programs)) {}
 
   std::string linkDir(const std::string& id) const;
+  /// checkPod / reconcile of one pod, the lock held.
+  PodCheck inspect(const std::string& id, const sluice_pod_record& rec, bool repair);
   Status teardown(const std::string& id, const sluice_pod_record& rec);
   /// Node side of addPod: finds the host-side veth in the node netns and
   /// attaches the probe SNAT programs; registers the pod's addresses.

@@ -131,10 +131,40 @@ Status detachLegacy(int ifindex, TcHook hook, bool destroyClsact) {
   return {};
 }
 
-bool legacyAttached(int ifindex, TcHook hook) {
+bool legacyAttached(int ifindex, TcHook hook) { return legacyProgramId(ifindex, hook) != 0; }
+
+uint32_t legacyProgramId(int ifindex, TcHook hook) {
   LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
   LIBBPF_OPTS(bpf_tc_opts, o, .handle = kLegacyHandle, .priority = kLegacyPriority);
-  return bpf_tc_query(&h, &o) == 0;
+  if (bpf_tc_query(&h, &o) != 0) return 0;
+  return o.prog_id;
+}
+
+uint32_t programId(int progFd) {
+  struct bpf_prog_info info {};
+  __u32 len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(progFd, &info, &len) != 0) return 0;
+  return info.id;
+}
+
+uint32_t tcxProgramId(const std::string& pinPath) {
+  if (!tcxAttached(pinPath)) return 0;
+  int fd = bpf_obj_get(pinPath.c_str());
+  if (fd < 0) return 0;
+  Fd link(fd);
+  struct bpf_link_info info {};
+  __u32 len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(link.get(), &info, &len) != 0) return 0;
+  return info.prog_id;
+}
+
+Status updateTcx(const std::string& pinPath, int progFd) {
+  int fd = bpf_obj_get(pinPath.c_str());
+  if (fd < 0) return Error::fromErrno(errno, "open pinned link " + pinPath);
+  Fd link(fd);
+  if (bpf_link_update(link.get(), progFd, nullptr) != 0) return Error::fromErrno(errno, "update link " + pinPath);
+  spdlog::debug("link {} now runs program {}", pinPath, programId(progFd));
+  return {};
 }
 
 }  // namespace sluice

@@ -3,6 +3,7 @@
 // the filter stays until removed or the device goes away).
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "loader/result.h"
@@ -43,5 +44,20 @@ Status detachLegacy(int ifindex, TcHook hook, bool destroyClsact);
 
 /// True when sluice's legacy filter is on the hook.
 bool legacyAttached(int ifindex, TcHook hook);
+
+/// The kernel's id of the program behind progFd (0 on error).
+uint32_t programId(int progFd);
+
+/// The id of the program a pinned tcx link runs (0: no attached link).
+uint32_t tcxProgramId(const std::string& pinPath);
+
+/// Swaps the program of the tcx link pinned at pinPath for progFd in one
+/// step (bpf_link_update): no packet sees the hook empty.
+Status updateTcx(const std::string& pinPath, int progFd);
+
+/// The id of the program in sluice's legacy filter on the hook (0: none).
+/// attachLegacy() replaces it in place (the filter is replaced, not
+/// deleted and re-added).
+uint32_t legacyProgramId(int ifindex, TcHook hook);
 
 }  // namespace sluice

@@ -10,6 +10,8 @@
 #include <ostream>
 #include <sstream>
 
+#include "userspace/agent/client.h"
+
 namespace sluice::cli {
 
 namespace {
@@ -39,7 +41,8 @@ struct Args {
 std::string usage() {
   return R"(sluicectl: enroll pods into sluice's eBPF traffic redirection
 
-usage: sluicectl [--bpffs DIR] [--tc-mode auto|tcx|legacy] [--log-level LEVEL] COMMAND
+usage: sluicectl [--bpffs DIR] [--socket PATH] [--tc-mode auto|tcx|legacy]
+                 [--log-level LEVEL] COMMAND
   pod add    --netns PATH [--id NAME] [--dns-capture on|off]
              [--inbound-capture on|off] [--reroute-iface IFNAME]...
              [--node-netns PATH] [--ip ADDR]...
@@ -49,6 +52,10 @@ usage: sluicectl [--bpffs DIR] [--tc-mode auto|tcx|legacy] [--log-level LEVEL] C
 
 global options:
   --bpffs DIR       bpffs root of the pinned state (default /sys/fs/bpf/sluice)
+  --socket PATH     the agent's socket (default /var/run/sluice/agent.sock):
+                    when sluiced answers there for the same bpffs root, the
+                    command goes through it; otherwise sluicectl acts on the
+                    pinned state itself (serialized with the agent by a lock)
   --tc-mode MODE    auto (tcx when the kernel has it), tcx, or legacy (clsact)
   --log-level LVL   trace, debug, info, warn (default), error, off
 
@@ -75,6 +82,10 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     if (flag == "--bpffs") {
       if (v->empty() || (*v)[0] != '/') return usageError("--bpffs needs an absolute path");
       cmd.bpffsRoot = *v;
+    } else if (flag == "--socket") {
+      if (v->empty() || (*v)[0] != '/') return usageError("--socket needs an absolute path");
+      cmd.socketPath = *v;
+      cmd.socketGiven = true;
     } else if (flag == "--tc-mode") {
       auto m = parseTcMode(*v);
       SLUICE_TRY(m);
@@ -167,19 +178,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
   if (json) {
     auto arr = nlohmann::json::array();
     for (const auto& p : pods) {
-      arr.push_back({{"id", p.id},
-                     {"netns", p.netnsPath},
-                     {"netns_cookie", p.netnsCookie},
-                     {"tc_mode", p.tcMode},
-                     {"dns_capture", p.dnsCapture},
-                     {"inbound_capture", p.inboundCapture},
-                     {"interfaces", p.interfaces},
-                     {"reroute_ifaces", p.rerouteIfaces},
-                     {"ipv6", p.ipv6Routes},
-                     {"host_iface", p.hostIface},
-                     {"node_netns", p.nodeNetnsPath},
-                     {"ips", p.ips},
-                     {"enrolled_at_ns", p.enrolledAtNs}});
+      arr.push_back(agent::encodePodInfo(p));
     }
     return arr.dump(2) + "\n";
   }
@@ -207,11 +206,7 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
   };
   if (json) {
     auto arr = nlohmann::json::array();
-    for (const auto& c : stats) {
-      nlohmann::json j = {{"id", c.id}};
-      for (const auto& [k, v] : fields(c.stats)) j[k] = v;
-      arr.push_back(j);
-    }
+    for (const auto& c : stats) arr.push_back(agent::encodeCounters(c));
     return arr.dump(2) + "\n";
   }
   std::ostringstream o;
@@ -233,6 +228,55 @@ std::string formatError(const Error& e) {
   return "sluicectl: " + msg + "\n";
 }
 
+namespace {
+
+int runViaAgent(const Command& cmd, agent::Client& client, std::ostream& out, std::ostream& err) {
+  auto fail = [&err](const Error& e) {
+    err << formatError(e);
+    return 1;
+  };
+  switch (cmd.verb) {
+    case Verb::PodAdd: {
+      PodSpec spec = cmd.pod;
+      if (cmd.tcMode != TcMode::Auto) spec.tcMode = cmd.tcMode;
+      auto info = client.addPod(spec);
+      if (!info.ok()) return fail(info.error());
+      out << "pod " << info->id << " enrolled (" << info->tcMode << ")\n";
+      return 0;
+    }
+    case Verb::PodRemove: {
+      std::string id;
+      if (cmd.id) {
+        if (Status st = client.removePod(*cmd.id); !st.ok()) return fail(st.error());
+        id = *cmd.id;
+      } else {
+        auto removed = client.removePodByNetns(cmd.pod.netnsPath);
+        if (!removed.ok()) return fail(removed.error());
+        id = *removed;
+      }
+      out << "pod " << id << " removed\n";
+      return 0;
+    }
+    case Verb::PodList: {
+      auto pods = client.listPods();
+      if (!pods.ok()) return fail(pods.error());
+      out << formatPodList(*pods, cmd.json);
+      return 0;
+    }
+    case Verb::Stats: {
+      auto stats = client.stats(cmd.id);
+      if (!stats.ok()) return fail(stats.error());
+      out << formatStats(*stats, cmd.json);
+      return 0;
+    }
+    case Verb::Help:
+      break;
+  }
+  return 0;
+}
+
+}  // namespace
+
 int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   if (cmd.verb == Verb::Help) {
     out << usage();
@@ -246,6 +290,18 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   if (cmd.verb == Verb::PodAdd) {
     std::string id = cmd.pod.id.empty() ? defaultPodId(cmd.pod.netnsPath) : cmd.pod.id;
     if (Status st = validatePodId(id); !st.ok()) return fail(st.error());
+  }
+  // The agent, when one serves this bpffs root.
+  auto client = agent::Client::connect(cmd.socketPath);
+  if (client.ok()) {
+    auto h = client->health();
+    if (h.ok() && h->bpffsRoot == cmd.bpffsRoot) return runViaAgent(cmd, *client, out, err);
+    if (!h.ok()) return fail(h.error());
+    spdlog::debug("the agent at {} serves {}, not {}; working directly", cmd.socketPath, h->bpffsRoot, cmd.bpffsRoot);
+  } else if (cmd.socketGiven && !agent::noAgent(client.error())) {
+    return fail(client.error());
+  } else {
+    spdlog::debug("no agent at {} ({}); working directly", cmd.socketPath, client.error().message);
   }
   DatapathOptions opts;
   opts.bpffsRoot = cmd.bpffsRoot;

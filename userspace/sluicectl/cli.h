@@ -19,6 +19,10 @@ struct Command {
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
   TcMode tcMode = TcMode::Auto;
   std::string logLevel = "warn";
+  /// The agent's socket: used when an agent answers there for the same
+  /// bpffs root; otherwise sluicectl works on the pinned state directly.
+  std::string socketPath = "/var/run/sluice/agent.sock";
+  bool socketGiven = false;  ///< --socket was on the command line
   bool json = false;
   PodSpec pod;                    ///< pod add; pod remove uses netnsPath / id
   std::optional<std::string> id;  ///< pod remove, stats

@@ -1,0 +1,430 @@
+#include "userspace/agent/agent.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <spdlog/spdlog.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "userspace/agent/client.h"
+
+#ifndef SLUICE_VERSION
+#define SLUICE_VERSION "dev"
+#endif
+
+namespace sluice::agent {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Reads one line (without its newline) of at most `max` bytes. ENOENT-free
+// EOF before any byte gives an empty optional.
+Result<std::optional<std::string>> readLine(int fd, std::string& buf, size_t max) {
+  for (;;) {
+    auto nl = buf.find('\n');
+    if (nl != std::string::npos) {
+      std::string line = buf.substr(0, nl);
+      buf.erase(0, nl + 1);
+      return std::optional<std::string>(line);
+    }
+    if (buf.size() > max) return Error::msg("request larger than " + std::to_string(max) + " bytes", EMSGSIZE);
+    char chunk[8192];
+    ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno(errno, "read request");
+    }
+    if (n == 0) {
+      if (buf.empty()) return std::optional<std::string>();
+      std::string line = std::move(buf);  // a last line without newline
+      buf.clear();
+      return std::optional<std::string>(line);
+    }
+    buf.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+void writeAll(int fd, const std::string& s) {
+  size_t off = 0;
+  while (off < s.size()) {
+    ssize_t n = ::send(fd, s.data() + off, s.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return;
+    off += static_cast<size_t>(n);
+  }
+}
+
+}  // namespace
+
+Result<HostPort> parseHostPort(const std::string& s) {
+  auto colon = s.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == s.size())
+    return Error::msg("invalid address '" + s + "' (expected HOST:PORT, e.g. 127.0.0.1:9464)", EINVAL);
+  HostPort hp;
+  hp.host = s.substr(0, colon);
+  if (hp.host.size() > 2 && hp.host.front() == '[' && hp.host.back() == ']') hp.host = hp.host.substr(1, hp.host.size() - 2);
+  std::string port = s.substr(colon + 1);
+  if (port.size() > 5 || !std::all_of(port.begin(), port.end(), ::isdigit) || std::stoul(port) > 65535)
+    return Error::msg("invalid port in '" + s + "'", EINVAL);
+  hp.port = static_cast<uint16_t>(std::stoul(port));
+  in6_addr buf{};
+  if (inet_pton(AF_INET, hp.host.c_str(), &buf) != 1 && inet_pton(AF_INET6, hp.host.c_str(), &buf) != 1)
+    return Error::msg("invalid address '" + hp.host + "' in '" + s + "' (expected an IP address)", EINVAL);
+  return hp;
+}
+
+Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
+  std::unique_ptr<Agent> a(new Agent(options));
+  if (!options.metricsAddress.empty()) SLUICE_TRY(parseHostPort(options.metricsAddress));
+  // Another agent on the socket owns the state: never run two.
+  if (auto other = Client::connect(options.socketPath, std::chrono::seconds(2)); other.ok())
+    return Error::msg("another agent is already listening on " + options.socketPath, EADDRINUSE);
+  auto dp = Datapath::open(options.datapath);
+  SLUICE_TRY(dp);
+  a->dp_ = std::move(*dp);
+  a->stopFd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!a->stopFd_.valid()) return Error::fromErrno(errno, "eventfd");
+  // Adopt what is enrolled before answering anyone.
+  ReconcileReport r = a->reconcileNow();
+  spdlog::info("sluiced {}: {} pod(s) enrolled; start-up sweep removed {}, found {} damaged, switched {} hook(s) to this build's programs",
+               SLUICE_VERSION, r.pods, r.removed.size(), r.repaired.size(), r.programsReplaced);
+  SLUICE_TRY(a->listenApi());
+  SLUICE_TRY(a->listenMetrics());
+  a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
+  if (a->metricsFd_.valid()) a->metricsThread_ = std::thread([p = a.get()] { p->acceptLoop(p->metricsFd_.get(), true); });
+  if (options.reconcileInterval.count() > 0) a->reconcileThread_ = std::thread([p = a.get()] { p->reconcileLoop(); });
+  return a;
+}
+
+Agent::~Agent() { stop(); }
+
+void Agent::stop() {
+  if (stopping_.exchange(true)) return;
+  if (stopFd_.valid()) {
+    uint64_t one = 1;
+    (void)!::write(stopFd_.get(), &one, sizeof(one));
+  }
+  {
+    std::lock_guard<std::mutex> g(sweepMu_);
+  }
+  sweepCv_.notify_all();
+  if (apiThread_.joinable()) apiThread_.join();
+  if (metricsThread_.joinable()) metricsThread_.join();
+  if (reconcileThread_.joinable()) reconcileThread_.join();
+  reapConnections(true);
+  if (apiFd_.valid()) {
+    apiFd_ = Fd();
+    ::unlink(options_.socketPath.c_str());
+  }
+  metricsFd_ = Fd();
+  spdlog::info("sluiced stopped; the data plane stays in place");
+}
+
+Status Agent::listenApi() {
+  const std::string& path = options_.socketPath;
+  sockaddr_un addr{};
+  if (path.empty() || path.size() >= sizeof(addr.sun_path))
+    return Error::msg("socket path '" + path + "' is empty or longer than " + std::to_string(sizeof(addr.sun_path) - 1) + " bytes", EINVAL);
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  if (ec) return Error::msg("create " + std::filesystem::path(path).parent_path().string() + ": " + ec.message(), ec.value());
+  // Nobody answered on it (checked at start): a stale socket of a killed agent.
+  if (::unlink(path.c_str()) == 0) spdlog::info("removed stale socket {}", path);
+  Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Error::fromErrno(errno, "socket");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, path.data(), path.size());
+  // Root only: the socket is created 0600 (umask), then chmod-ed to be sure.
+  mode_t old = ::umask(0177);
+  int rc = ::bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+  int err = errno;
+  ::umask(old);
+  if (rc != 0) return Error::fromErrno(err, "bind " + path);
+  if (::chmod(path.c_str(), 0600) != 0) return Error::fromErrno(errno, "chmod " + path);
+  if (::listen(fd.get(), 64) != 0) return Error::fromErrno(errno, "listen on " + path);
+  apiFd_ = std::move(fd);
+  spdlog::info("API on unix socket {}", path);
+  return {};
+}
+
+Status Agent::listenMetrics() {
+  if (options_.metricsAddress.empty()) return {};
+  auto hp = parseHostPort(options_.metricsAddress);
+  SLUICE_TRY(hp);
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  int family = AF_INET;
+  if (hp->host.find(':') != std::string::npos) {
+    family = AF_INET6;
+    auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+    a6->sin6_family = AF_INET6;
+    a6->sin6_port = htons(hp->port);
+    inet_pton(AF_INET6, hp->host.c_str(), &a6->sin6_addr);
+    len = sizeof(*a6);
+  } else {
+    auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+    a4->sin_family = AF_INET;
+    a4->sin_port = htons(hp->port);
+    inet_pton(AF_INET, hp->host.c_str(), &a4->sin_addr);
+    len = sizeof(*a4);
+  }
+  Fd fd(::socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return Error::fromErrno(errno, "socket");
+  int one = 1;
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), len) != 0)
+    return Error::fromErrno(errno, "bind metrics address " + options_.metricsAddress);
+  if (::listen(fd.get(), 16) != 0) return Error::fromErrno(errno, "listen on " + options_.metricsAddress);
+  sockaddr_storage bound{};
+  socklen_t blen = sizeof(bound);
+  ::getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound), &blen);
+  metricsPort_ = ntohs(family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                                         : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  metricsFd_ = std::move(fd);
+  spdlog::info("metrics on http://{}:{}/metrics", family == AF_INET6 ? "[" + hp->host + "]" : hp->host, metricsPort_);
+  return {};
+}
+
+void Agent::reapConnections(bool all) {
+  std::lock_guard<std::mutex> g(connMu_);
+  for (auto it = conns_.begin(); it != conns_.end();) {
+    if (all && !it->done) ::shutdown(it->fd, SHUT_RDWR);
+    if (all || it->done) {
+      if (it->thread.joinable()) it->thread.join();
+      ::close(it->fd);
+      it = conns_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Agent::acceptLoop(int listenFd, bool metrics) {
+  while (!stopping_) {
+    pollfd fds[2] = {{listenFd, POLLIN, 0}, {stopFd_.get(), POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      spdlog::error("poll: {}", std::strerror(errno));
+      return;
+    }
+    if (fds[1].revents) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    int fd = ::accept4(listenFd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) spdlog::warn("accept: {}", std::strerror(errno));
+      continue;
+    }
+    // A client that sends nothing must not hold its thread for ever.
+    timeval tv{30, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+    reapConnections(false);
+    std::lock_guard<std::mutex> g(connMu_);
+    Conn& c = conns_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c, metrics] {
+      if (metrics)
+        serveMetrics(c.fd);
+      else
+        serveApi(c.fd);
+      c.done = true;  // the reaper closes the fd after joining
+    });
+  }
+}
+
+void Agent::serveApi(int fd) {
+  std::string buf;
+  while (!stopping_) {
+    auto line = readLine(fd, buf, kMaxRequestBytes);
+    if (!line.ok()) {
+      if (line.error().code == EMSGSIZE) {
+        metrics_.request("invalid", false);
+        writeAll(fd, errorResponse(line.error()));
+      }
+      return;
+    }
+    if (!*line) return;  // client closed
+    writeAll(fd, handle(**line));
+  }
+}
+
+void Agent::serveMetrics(int fd) {
+  // HTTP/1.0-style: read the request head, answer, close.
+  std::string req;
+  char chunk[2048];
+  while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos && req.size() < 16384) {
+    ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n <= 0) return;
+    req.append(chunk, static_cast<size_t>(n));
+  }
+  std::string first = req.substr(0, req.find('\n'));
+  std::string status = "200 OK", type = "text/plain; version=0.0.4; charset=utf-8", body;
+  if (first.rfind("GET ", 0) != 0) {
+    status = "405 Method Not Allowed";
+    body = "only GET\n";
+  } else {
+    std::string target = first.substr(4, first.find(' ', 4) - 4);
+    if (target == "/metrics") {
+      body = renderMetrics();
+    } else if (target == "/healthz") {
+      body = "ok\n";
+    } else {
+      status = "404 Not Found";
+      body = "see /metrics\n";
+    }
+  }
+  writeAll(fd, "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) +
+                   "\r\nConnection: close\r\n\r\n" + body);
+}
+
+void Agent::reconcileLoop() {
+  std::unique_lock<std::mutex> lk(sweepMu_);
+  while (!stopping_) {
+    sweepCv_.wait_for(lk, options_.reconcileInterval, [this] { return stopping_.load(); });
+    if (stopping_) return;
+    lk.unlock();
+    ReconcileReport r = reconcileNow();
+    if (!r.removed.empty() || !r.repaired.empty() || r.programsReplaced)
+      spdlog::info("sweep: removed {} pod(s) whose netns was gone, repaired {}, switched {} hook(s)", r.removed.size(),
+                   r.repaired.size(), r.programsReplaced);
+    lk.lock();
+  }
+}
+
+ReconcileReport Agent::reconcileNow() {
+  std::lock_guard<std::mutex> g(dpMu_);
+  ReconcileReport r = dp_->reconcile();
+  for (const auto& e : r.errors) spdlog::warn("sweep: {}", e);
+  lastReconcileError_ = r.errors.empty() ? "" : r.errors.front();
+  metrics_.reconciled(r.removed.size(), r.repaired.size(), r.programsReplaced, r.errors.size());
+  reconciles_++;
+  return r;
+}
+
+Health Agent::health() {
+  Health h;
+  h.version = SLUICE_VERSION;
+  h.bpffsRoot = options_.datapath.bpffsRoot;
+  h.tcMode = tcModeName(options_.datapath.tcMode);
+  h.pods = dp_->listPods().size();
+  h.uptimeSeconds = static_cast<uint64_t>(secondsSince(started_));
+  h.reconciles = reconciles_;
+  h.lastReconcileError = lastReconcileError_;
+  return h;
+}
+
+Result<json> Agent::dispatch(const Request& req) {
+  std::lock_guard<std::mutex> g(dpMu_);
+  switch (req.op) {
+    case Op::Add: {
+      PodSpec spec = req.pod;
+      // The pod's host-side interface is looked up in the agent's own netns.
+      if (!spec.nodeNetnsPath) spec.nodeNetnsPath = "";
+      auto t = Clock::now();
+      auto info = dp_->addPod(spec);
+      SLUICE_TRY(info);
+      metrics_.addLatency(secondsSince(t));
+      return encodePodInfo(*info);
+    }
+    case Op::Remove: {
+      std::string id;
+      if (req.id) {
+        id = *req.id;
+      } else {
+        auto found = dp_->podIdForNetns(*req.netns);
+        SLUICE_TRY(found);
+        id = *found;
+      }
+      auto t = Clock::now();
+      SLUICE_TRY(dp_->removePod(id));
+      metrics_.removeLatency(secondsSince(t));
+      return json{{"id", id}};
+    }
+    case Op::List: {
+      json arr = json::array();
+      for (const auto& p : dp_->listPods()) arr.push_back(encodePodInfo(p));
+      return arr;
+    }
+    case Op::Stats: {
+      auto stats = dp_->stats(req.id);
+      SLUICE_TRY(stats);
+      json arr = json::array();
+      for (const auto& c : *stats) arr.push_back(encodeCounters(c));
+      return arr;
+    }
+    case Op::Health:
+      return encodeHealth(health());
+    case Op::Check: {
+      auto c = dp_->checkPod(*req.id);
+      SLUICE_TRY(c);
+      CheckReport r;
+      r.id = c->id;
+      r.problems = c->problems;
+      if (c->gone) r.problems.insert(r.problems.begin(), "its netns is gone");
+      r.intact = r.problems.empty();
+      return encodeCheck(r);
+    }
+  }
+  return Error::msg("unhandled op", EINVAL);
+}
+
+std::string Agent::handle(const std::string& line) {
+  auto req = decodeRequest(line);
+  if (!req.ok()) {
+    metrics_.request("invalid", false);
+    spdlog::warn("refused request: {}", req.error().message);
+    return errorResponse(req.error());
+  }
+  auto res = dispatch(*req);
+  metrics_.request(opName(req->op), res.ok());
+  if (!res.ok()) {
+    spdlog::info("{} failed: {}", opName(req->op), res.error().message);
+    return errorResponse(res.error());
+  }
+  return okResponse(*res);
+}
+
+std::string Agent::renderMetrics() {
+  std::string out = metrics_.render();
+  std::vector<PodCounters> counters;
+  size_t pods = 0;
+  {
+    std::lock_guard<std::mutex> g(dpMu_);
+    pods = dp_->listPods().size();
+    auto stats = dp_->stats(std::nullopt);
+    if (stats.ok()) counters = *stats;
+  }
+  metricHeader(out, "sluice_pods_enrolled", "gauge", "Pods enrolled in redirection on this node.");
+  out += "sluice_pods_enrolled " + std::to_string(pods) + "\n";
+  metricHeader(out, "sluice_pod_redirected_connections_total", "counter",
+               "Connections redirected to the node proxy, by pod and direction.");
+  for (const auto& c : counters) {
+    std::string pod = "pod=\"" + labelValue(c.id) + "\"";
+    out += "sluice_pod_redirected_connections_total{" + pod + ",direction=\"outbound\"} " + std::to_string(c.stats.outbound_conns) + "\n";
+    out += "sluice_pod_redirected_connections_total{" + pod + ",direction=\"inbound\"} " + std::to_string(c.stats.inbound_conns) + "\n";
+    out += "sluice_pod_redirected_connections_total{" + pod + ",direction=\"dns_tcp\"} " + std::to_string(c.stats.dns_tcp_conns) + "\n";
+  }
+  metricHeader(out, "sluice_pod_dns_queries_total", "counter", "UDP DNS queries redirected to the proxy, by pod.");
+  for (const auto& c : counters)
+    out += "sluice_pod_dns_queries_total{pod=\"" + labelValue(c.id) + "\"} " + std::to_string(c.stats.dns_udp_queries) + "\n";
+  metricHeader(out, "sluice_pod_probe_connections_total", "counter", "Kubelet probe connections SNATed on the node, by pod.");
+  for (const auto& c : counters)
+    out += "sluice_pod_probe_connections_total{pod=\"" + labelValue(c.id) + "\"} " + std::to_string(c.stats.probe_conns) + "\n";
+  metricHeader(out, "sluice_pod_dropped_packets_total", "counter", "Packets dropped by the pod programs (fail closed), by pod.");
+  for (const auto& c : counters)
+    out += "sluice_pod_dropped_packets_total{pod=\"" + labelValue(c.id) + "\"} " + std::to_string(c.stats.dropped_pkts) + "\n";
+  return out;
+}
+
+}  // namespace sluice::agent

@@ -1,0 +1,97 @@
+// sluiced: the node agent. Owns the Datapath (programs loaded once),
+// answers the unix socket API, serves Prometheus metrics, and reconciles
+// the pinned state with the pods' namespaces at start and periodically.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "loader/datapath.h"
+#include "loader/fd.h"
+#include "userspace/agent/metrics.h"
+#include "userspace/agent/protocol.h"
+
+namespace sluice::agent {
+
+struct AgentOptions {
+  DatapathOptions datapath;
+  std::string socketPath = kDefaultSocket;
+  /// HOST:PORT for /metrics; "" serves none. Port 0 picks a free one.
+  std::string metricsAddress = "127.0.0.1:9464";
+  /// Between reconciliation sweeps; 0 turns the periodic sweep off.
+  std::chrono::milliseconds reconcileInterval = std::chrono::seconds(30);
+};
+
+/// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+Result<HostPort> parseHostPort(const std::string& s);
+
+class Agent {
+ public:
+  /// Opens the datapath, reconciles (adopting every enrolled pod's hooks),
+  /// then listens. Refuses to start when another agent answers on the
+  /// socket.
+  static Result<std::unique_ptr<Agent>> start(const AgentOptions& options);
+  ~Agent();
+  Agent(const Agent&) = delete;
+  Agent& operator=(const Agent&) = delete;
+
+  /// Stops listening and serving; leaves the data plane as it is.
+  void stop();
+
+  /// One request line → one response line (with its newline). Thread-safe.
+  std::string handle(const std::string& line);
+
+  /// A sweep now (also what the periodic sweep runs).
+  ReconcileReport reconcileNow();
+
+  /// The metrics page: the agent's counters and the pods' counters.
+  std::string renderMetrics();
+
+  /// The port /metrics listens on (0 when off).
+  uint16_t metricsPort() const { return metricsPort_; }
+
+ private:
+  explicit Agent(AgentOptions options) : options_(std::move(options)) {}
+  Result<nlohmann::json> dispatch(const Request& req);
+  Status listenApi();
+  Status listenMetrics();
+  void acceptLoop(int listenFd, bool metrics);
+  void serveApi(int fd);
+  void serveMetrics(int fd);
+  void reconcileLoop();
+  Health health();
+
+  AgentOptions options_;
+  std::unique_ptr<Datapath> dp_;
+  std::mutex dpMu_;  ///< one operation on the datapath at a time
+  Metrics metrics_;
+  Fd apiFd_, metricsFd_, stopFd_;  ///< stopFd_: eventfd that wakes the loops
+  uint16_t metricsPort_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::thread apiThread_, metricsThread_, reconcileThread_;
+  struct Conn {
+    int fd = -1;
+    std::thread thread;
+    std::atomic<bool> done{false};
+  };
+  void reapConnections(bool all);
+  std::mutex connMu_;
+  std::list<Conn> conns_;
+  std::mutex sweepMu_;
+  std::condition_variable sweepCv_;
+  std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
+  std::atomic<uint64_t> reconciles_{0};
+  std::string lastReconcileError_;  ///< under dpMu_
+};
+
+}  // namespace sluice::agent

@@ -1,0 +1,114 @@
+#include "userspace/agent/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace sluice::agent {
+
+namespace {
+
+std::string number(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", v);
+  return buf;
+}
+
+// Pod add/remove take about a millisecond in process; the buckets span
+// 100 µs to 10 s.
+std::vector<double> latencyBounds() { return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}; }
+
+}  // namespace
+
+void metricHeader(std::string& out, const std::string& name, const std::string& type, const std::string& help) {
+  out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+std::string labelValue(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), counts_(bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double seconds) {
+  size_t i = std::lower_bound(bounds_.begin(), bounds_.end(), seconds) - bounds_.begin();
+  counts_[i]++;
+  sum_ += seconds;
+  count_++;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  std::string sep = labels.empty() ? "" : ",";
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); i++) {
+    cumulative += counts_[i];
+    out += name + "_bucket{" + labels + sep + "le=\"" + number(bounds_[i]) + "\"} " + std::to_string(cumulative) + "\n";
+  }
+  out += name + "_bucket{" + labels + sep + "le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  std::string braces = labels.empty() ? "" : "{" + labels + "}";
+  out += name + "_sum" + braces + " " + number(sum_) + "\n";
+  out += name + "_count" + braces + " " + std::to_string(count_) + "\n";
+}
+
+Metrics::Metrics() : add_(latencyBounds()), remove_(latencyBounds()) {}
+
+void Metrics::request(const std::string& op, bool ok) {
+  std::lock_guard<std::mutex> g(mu_);
+  requests_[{op, ok}]++;
+}
+
+void Metrics::addLatency(double seconds) {
+  std::lock_guard<std::mutex> g(mu_);
+  add_.observe(seconds);
+}
+
+void Metrics::removeLatency(double seconds) {
+  std::lock_guard<std::mutex> g(mu_);
+  remove_.observe(seconds);
+}
+
+void Metrics::reconciled(size_t removed, size_t repaired, int programsReplaced, size_t errors) {
+  std::lock_guard<std::mutex> g(mu_);
+  reconciles_++;
+  podsRemoved_ += removed;
+  podsRepaired_ += repaired;
+  programsReplaced_ += static_cast<uint64_t>(programsReplaced);
+  reconcileErrors_ += errors;
+}
+
+std::string Metrics::render() const {
+  std::lock_guard<std::mutex> g(mu_);
+  std::string out;
+  metricHeader(out, "sluice_agent_requests_total", "counter", "API requests handled, by op and result.");
+  for (const auto& [key, n] : requests_)
+    out += "sluice_agent_requests_total{op=\"" + labelValue(key.first) + "\",result=\"" + (key.second ? "ok" : "error") +
+           "\"} " + std::to_string(n) + "\n";
+  uint64_t errors = 0;
+  for (const auto& [key, n] : requests_)
+    if (!key.second) errors += n;
+  metricHeader(out, "sluice_agent_errors_total", "counter", "Failed API requests and reconciliation problems left unrepaired.");
+  out += "sluice_agent_errors_total{source=\"api\"} " + std::to_string(errors) + "\n";
+  out += "sluice_agent_errors_total{source=\"reconcile\"} " + std::to_string(reconcileErrors_) + "\n";
+  metricHeader(out, "sluice_pod_add_duration_seconds", "histogram", "Time to enroll a pod (successful adds).");
+  add_.render(out, "sluice_pod_add_duration_seconds");
+  metricHeader(out, "sluice_pod_remove_duration_seconds", "histogram", "Time to remove a pod (successful removals).");
+  remove_.render(out, "sluice_pod_remove_duration_seconds");
+  metricHeader(out, "sluice_reconcile_runs_total", "counter", "Completed reconciliation sweeps.");
+  out += "sluice_reconcile_runs_total " + std::to_string(reconciles_) + "\n";
+  metricHeader(out, "sluice_reconcile_pods_removed_total", "counter", "Pods removed because their netns was gone.");
+  out += "sluice_reconcile_pods_removed_total " + std::to_string(podsRemoved_) + "\n";
+  metricHeader(out, "sluice_reconcile_pods_repaired_total", "counter", "Pods found damaged by a sweep.");
+  out += "sluice_reconcile_pods_repaired_total " + std::to_string(podsRepaired_) + "\n";
+  metricHeader(out, "sluice_reconcile_programs_replaced_total", "counter",
+               "Hooks switched in place to the agent's programs (upgrades, pods enrolled by another process).");
+  out += "sluice_reconcile_programs_replaced_total " + std::to_string(programsReplaced_) + "\n";
+  return out;
+}
+
+}  // namespace sluice::agent

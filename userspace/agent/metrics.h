@@ -1,0 +1,53 @@
+// Prometheus text exposition (format 0.0.4) of the agent's own counters;
+// per-pod counters are read from the maps at scrape time by the agent.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+namespace sluice::agent {
+
+/// A latency histogram with fixed buckets (seconds).
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double seconds);
+  /// `name_bucket{le=...}`, `name_sum`, `name_count` lines.
+  void render(std::string& out, const std::string& name, const std::string& labels = "") const;
+
+ private:
+  std::vector<double> bounds_;
+  std::vector<uint64_t> counts_;  ///< per bucket, not cumulative
+  double sum_ = 0;
+  uint64_t count_ = 0;
+};
+
+/// The agent's counters; thread-safe.
+class Metrics {
+ public:
+  Metrics();
+  void request(const std::string& op, bool ok);
+  void addLatency(double seconds);
+  void removeLatency(double seconds);
+  void reconciled(size_t removed, size_t repaired, int programsReplaced, size_t errors);
+
+  /// Everything the agent itself counts, with HELP and TYPE lines.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, bool>, uint64_t> requests_;
+  Histogram add_;
+  Histogram remove_;
+  uint64_t reconciles_ = 0, podsRemoved_ = 0, podsRepaired_ = 0, programsReplaced_ = 0, reconcileErrors_ = 0;
+};
+
+/// Appends "# HELP name help\n# TYPE name type\n".
+void metricHeader(std::string& out, const std::string& name, const std::string& type, const std::string& help);
+/// A label value escaped per the exposition format (\\, \", \n).
+std::string labelValue(const std::string& v);
+
+}  // namespace sluice::agent

@@ -1,0 +1,85 @@
+#include "userspace/agent/options.h"
+
+#include <algorithm>
+
+#include "userspace/agent/logging.h"
+
+namespace sluice::agent {
+
+std::string daemonUsage() {
+  return R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
+
+usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
+               [--log-format text|json] [--log-level LEVEL]
+               [--tc-mode auto|tcx|legacy] [--reconcile-interval SECONDS]
+
+  --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
+  --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
+  --metrics-address A:P    Prometheus /metrics (default 127.0.0.1:9464; "off": none)
+  --log-format FMT         text (default) or json, on stderr
+  --log-level LVL          trace, debug, info (default), warn, error, off
+  --tc-mode MODE           attach mode for new pods: auto (tcx when the kernel
+                           has it), tcx, or legacy (clsact + cls_bpf)
+  --reconcile-interval S   seconds between sweeps (default 30; 0: start-up only)
+  --version                print the version
+
+On start the agent loads its programs, switches every enrolled pod's hooks
+to them in place, removes pods whose netns is gone and repairs damaged ones.
+SIGTERM/SIGINT stop it; the data plane stays in place while it is down.
+The API is documented in docs/agent-api.md.
+)";
+}
+
+Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
+  DaemonArgs d;
+  auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
+  for (size_t i = 0; i < args.size(); i++) {
+    const std::string& flag = args[i];
+    if (flag == "--help" || flag == "-h") {
+      d.help = true;
+      return d;
+    }
+    if (flag == "--version") {
+      d.version = true;
+      return d;
+    }
+    static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
+                                      "--tc-mode", "--reconcile-interval"};
+    if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
+      return usageError("unknown option '" + flag + "'");
+    if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
+    const std::string& v = args[++i];
+    if (flag == "--bpffs") {
+      if (v.empty() || v[0] != '/') return usageError("--bpffs needs an absolute path");
+      d.agent.datapath.bpffsRoot = v;
+    } else if (flag == "--socket") {
+      if (v.empty() || v[0] != '/') return usageError("--socket needs an absolute path");
+      d.agent.socketPath = v;
+    } else if (flag == "--metrics-address") {
+      if (v == "off") {
+        d.agent.metricsAddress.clear();
+      } else {
+        auto hp = parseHostPort(v);
+        if (!hp.ok()) return usageError("--metrics-address: " + hp.error().message);
+        d.agent.metricsAddress = v;
+      }
+    } else if (flag == "--log-format") {
+      if (Status st = validateLogOptions(v, "info"); !st.ok()) return usageError(st.error().message);
+      d.logFormat = v;
+    } else if (flag == "--log-level") {
+      if (Status st = validateLogOptions("text", v); !st.ok()) return usageError(st.error().message);
+      d.logLevel = v;
+    } else if (flag == "--tc-mode") {
+      auto m = parseTcMode(v);
+      if (!m.ok()) return usageError(m.error().message);
+      d.agent.datapath.tcMode = *m;
+    } else if (flag == "--reconcile-interval") {
+      if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit))
+        return usageError("invalid --reconcile-interval '" + v + "' (expected whole seconds)");
+      d.agent.reconcileInterval = std::chrono::seconds(std::stoul(v));
+    }
+  }
+  return d;
+}
+
+}  // namespace sluice::agent

@@ -1,0 +1,90 @@
+// The agent's API on its unix socket: one JSON object per line each way.
+// Documented in docs/agent-api.md; this header is the one definition of the
+// wire format (encoders and decoders), shared by sluiced, sluicectl and
+// sluice-cni.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loader/datapath.h"
+#include "loader/result.h"
+
+namespace sluice::agent {
+
+/// Bumped when a request or response changes incompatibly. The agent
+/// answers requests of this version only, naming the one it speaks.
+inline constexpr int kProtocolVersion = 1;
+
+/// Where sluiced listens and its clients look.
+inline constexpr const char* kDefaultSocket = "/var/run/sluice/agent.sock";
+
+/// A request line larger than this is refused (and the connection closed).
+inline constexpr size_t kMaxRequestBytes = 64 * 1024;
+
+enum class Op { Add, Remove, List, Stats, Health, Check };
+
+const char* opName(Op op);
+Result<Op> parseOp(const std::string& name);
+
+/// A decoded request. Which fields mean something depends on op:
+///   add:    pod (PodSpec; netns required)
+///   remove: id or netns (exactly one)
+///   stats:  id (optional)
+///   check:  id (required): is the pod enrolled and intact?
+///   list, health: nothing
+struct Request {
+  Op op = Op::Health;
+  PodSpec pod;
+  std::optional<std::string> id;
+  std::optional<std::string> netns;
+};
+
+/// What health answers.
+struct Health {
+  std::string version;     ///< sluice build version
+  int protocol = kProtocolVersion;
+  std::string bpffsRoot;
+  std::string tcMode;      ///< the agent's default attach mode
+  uint64_t pods = 0;
+  uint64_t uptimeSeconds = 0;
+  uint64_t reconciles = 0;  ///< completed sweeps
+  std::string lastReconcileError;  ///< "" when the last sweep was clean
+};
+
+/// What check answers for an enrolled pod.
+struct CheckReport {
+  std::string id;
+  bool intact = false;
+  std::vector<std::string> problems;  ///< what is missing or wrong
+};
+
+nlohmann::json encodeRequest(const Request& r);
+/// Errors name the bad field (EINVAL) or an unsupported version (EPROTO).
+Result<Request> decodeRequest(const std::string& line);
+
+nlohmann::json encodePodSpec(const PodSpec& s);
+Result<PodSpec> decodePodSpec(const nlohmann::json& j);
+nlohmann::json encodePodInfo(const PodInfo& p);
+Result<PodInfo> decodePodInfo(const nlohmann::json& j);
+nlohmann::json encodeCounters(const PodCounters& c);
+Result<PodCounters> decodeCounters(const nlohmann::json& j);
+nlohmann::json encodeHealth(const Health& h);
+Result<Health> decodeHealth(const nlohmann::json& j);
+nlohmann::json encodeCheck(const CheckReport& c);
+Result<CheckReport> decodeCheck(const nlohmann::json& j);
+
+/// {"version":1,"ok":true,"result":...} as one line with its newline.
+std::string okResponse(const nlohmann::json& result);
+/// {"version":1,"ok":false,"error":{"errno":N,"code":"ENOENT","message":"..."}}.
+std::string errorResponse(const Error& e);
+/// Decodes a response line: the result, or the Error the agent sent.
+Result<nlohmann::json> decodeResponse(const std::string& line);
+
+/// "ENOENT" for 2, "EIO" for unknown values; and back (0 for unknown names).
+std::string errnoName(int code);
+int errnoFromName(const std::string& name);
+
+}  // namespace sluice::agent
