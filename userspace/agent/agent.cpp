@@ -238,7 +238,8 @@ void Agent::acceptLoop(int listenFd, bool metrics) {
         serveMetrics(c.fd);
       else
         serveApi(c.fd);
-      c.done = true;  // the reaper closes the fd after joining
+      ::shutdown(c.fd, SHUT_RDWR);  // the client sees the end now
+      c.done = true;                // the reaper closes the fd after joining
     });
   }
 }

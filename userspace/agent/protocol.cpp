@@ -1,5 +1,8 @@
 #include "userspace/agent/protocol.h"
 
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <utility>
 
@@ -113,6 +116,11 @@ Result<PodSpec> decodePodSpec(const json& j) {
   SLUICE_TRY(flag(j, "inboundCapture", s.inboundCapture));
   SLUICE_TRY(strs(j, "rerouteIfaces", s.rerouteIfaces));
   SLUICE_TRY(strs(j, "ips", s.ips));
+  for (const auto& ip : s.ips) {
+    in6_addr buf{};
+    if (inet_pton(AF_INET, ip.c_str(), &buf) != 1 && inet_pton(AF_INET6, ip.c_str(), &buf) != 1)
+      return bad("invalid pod address '" + ip + "' in 'pod.ips'");
+  }
   if (j.contains("nodeNetns") && !j["nodeNetns"].is_null()) {
     std::string node;
     SLUICE_TRY(str(j, "nodeNetns", node));

@@ -1,0 +1,53 @@
+// A real sluiced process for tests: unique socket, its log in a file, killed
+// (SIGKILL) and reaped by the destructor if still running.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/result.h"
+#include "userspace/agent/client.h"
+
+namespace sluice::test {
+
+class AgentProcess {
+ public:
+  /// Starts build/sluiced --bpffs ROOT --socket SOCKET --metrics-address off
+  /// --reconcile-interval 0 EXTRA... and waits until it answers health.
+  /// With an empty socket a unique one under /tmp is used.
+  static Result<std::unique_ptr<AgentProcess>> start(const std::string& bpffsRoot, std::vector<std::string> extra = {},
+                                                     std::string socket = "");
+  ~AgentProcess();
+  AgentProcess(const AgentProcess&) = delete;
+  AgentProcess& operator=(const AgentProcess&) = delete;
+
+  const std::string& socket() const { return socket_; }
+  pid_t pid() const { return pid_; }
+  /// A new connection to the agent.
+  Result<agent::Client> client() const;
+  /// Sends sig and waits for the exit; the exit code (128+N for signal N).
+  int stop(int sig, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+  /// What the agent logged so far.
+  std::string log() const;
+
+ private:
+  AgentProcess() = default;
+  pid_t pid_ = -1;
+  std::string socket_;
+  std::string logPath_;
+  bool ownsSocketName_ = false;
+};
+
+/// Starts sluiced with these arguments and returns its exit code and log
+/// (for start-up failures); the process is killed after the timeout.
+struct AgentRun {
+  int exitCode = -1;
+  std::string log;
+};
+AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+}  // namespace sluice::test

@@ -1,0 +1,555 @@
+// sluiced end to end: the built agent binary as a separate process, talked
+// to over its unix socket, killed, restarted and "upgraded" while a pod's
+// traffic flows through the redirect.
+//
+//   test process                          node netns          pod netns
+//   +---------------------------+         +-----------+  veth  +------------------+
+//   | sluiced (child process)   |--enroll------------------------>| eth0, lo (tc)  |
+//   |   --bpffs /sys/fs/bpf/... |         | echo      |<-------| stand-in :15001 |
+//   | connection loop (thread)  |         | server    |        | app sockets     |
+//   +---------------------------+         +-----------+        +------------------+
+#include <bpf/bpf.h>
+#include <dirent.h>
+#include <net/if.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <iostream>
+#include <random>
+#include <thread>
+
+#include "loader/netlink.h"
+#include "loader/tc.h"
+#include "test/common/agent_process.h"
+#include "test/common/topology.h"
+
+namespace sluice::test {
+namespace {
+
+bool pathExists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+// Entries of a directory (names), empty when it does not exist.
+std::vector<std::string> dirEntries(const std::string& dir) {
+  std::vector<std::string> out;
+  DIR* d = ::opendir(dir.c_str());
+  if (!d) return out;
+  while (auto* e = ::readdir(d))
+    if (std::string(e->d_name) != "." && std::string(e->d_name) != "..") out.push_back(e->d_name);
+  ::closedir(d);
+  return out;
+}
+
+// Number of keys in a pinned map.
+size_t mapKeyCount(const std::string& pin, size_t keySize) {
+  int fd = bpf_obj_get(pin.c_str());
+  if (fd < 0) return 0;
+  std::vector<uint8_t> key(keySize), next(keySize);
+  size_t n = 0;
+  void* prev = nullptr;
+  while (bpf_map_get_next_key(fd, prev, next.data()) == 0) {
+    n++;
+    key = next;
+    prev = key.data();
+  }
+  ::close(fd);
+  return n;
+}
+
+// The program ids running at the pod's hooks (eth0 in/out, lo out), in
+// that order; 0 where nothing is attached.
+std::vector<uint32_t> podHookPrograms(const TestNetns& pod, const TestBpffs& bpffs, const std::string& id, TcMode mode) {
+  std::vector<uint32_t> ids;
+  if (mode == TcMode::Tcx) {
+    for (const char* h : {"eth0_ingress", "eth0_egress", "lo_egress"})
+      ids.push_back(tcxProgramId(bpffs.linkDir(id) + "/" + h));
+    return ids;
+  }
+  (void)pod.run([&]() -> Status {
+    int eth0 = static_cast<int>(if_nametoindex("eth0"));
+    ids = {legacyProgramId(eth0, TcHook::Ingress), legacyProgramId(eth0, TcHook::Egress),
+           legacyProgramId(1, TcHook::Egress)};
+    return {};
+  });
+  return ids;
+}
+
+class Agent : public ::testing::TestWithParam<TcMode> {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
+    ASSERT_TRUE(pathExists(builtBinary("sluiced"))) << "sluiced not built";
+    ASSERT_TRUE(topo_.ok()) << topo_.error();
+    static std::atomic<int> n{0};
+    socket_ = "/tmp/sluice-t-agent-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".sock";
+  }
+  void TearDown() override {
+    standIn_.reset();
+    if (agent_) {
+      // Leave nothing: remove the pod through whatever agent runs.
+      if (auto c = agent_->client(); c.ok()) (void)c->removePod(podId());
+    }
+    agent_.reset();
+    ::unlink(socket_.c_str());
+  }
+
+  TcMode mode() const { return GetParam(); }
+  std::string podId() const { return topo_.pod().name(); }
+  std::vector<std::string> modeArgs() const { return {"--tc-mode", mode() == TcMode::Legacy ? "legacy" : "tcx"}; }
+
+  void startAgent(std::vector<std::string> extra = {}) {
+    auto args = modeArgs();
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto a = AgentProcess::start(bpffs_.root(), args, socket_);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    agent_ = std::move(*a);
+  }
+
+  agent::Client client() {
+    auto c = agent_->client();
+    EXPECT_TRUE(c.ok()) << c.error().message;
+    return std::move(*c);
+  }
+
+  PodSpec spec() const {
+    PodSpec s;
+    s.netnsPath = topo_.pod().path();
+    s.nodeNetnsPath = topo_.node().path();
+    return s;
+  }
+
+  void enrollWithProxy() {
+    auto info = client().addPod(spec());
+    ASSERT_TRUE(info.ok()) << info.error().message << "\n" << agent_->log();
+    StandInConfig cfg;
+    cfg.netnsPath = topo_.pod().path();
+    auto s = ProxyStandIn::start(cfg);
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    standIn_ = std::move(*s);
+  }
+
+  size_t outboundEvents() const {
+    size_t n = 0;
+    for (const auto& e : standIn_->events())
+      if (e.listener == "outbound" && e.detail == "upstream ok") n++;
+    return n;
+  }
+
+  // One outbound connection through the redirect: connect, 1-byte echo,
+  // close. Fails with what went wrong.
+  Status oneConnection(const Endpoint& server) {
+    auto c = tcpConnect(topo_.pod(), server, ConnectOptions{std::chrono::seconds(3)});
+    SLUICE_TRY(c);
+    auto e = echoRoundTrip(c->get(), "x", std::chrono::seconds(3));
+    SLUICE_TRY(e);
+    if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
+    return {};
+  }
+
+  TestBpffs bpffs_;
+  PodTopology topo_;
+  std::string socket_;
+  std::unique_ptr<AgentProcess> agent_;
+  std::unique_ptr<ProxyStandIn> standIn_;
+};
+
+INSTANTIATE_TEST_SUITE_P(Modes, Agent, ::testing::Values(TcMode::Tcx, TcMode::Legacy),
+                         [](const auto& info) { return std::string(modeName(info.param)); });
+
+// Issue 4, "restart and upgrade without disruption": a client makes
+// connections through the redirect in a loop while the agent is killed
+// (SIGKILL), restarted, stopped (SIGTERM) and started again; each start
+// loads a fresh copy of the programs and switches every hook to it in place
+// (a newer build does exactly this). Zero connections may fail, and every
+// one of them must have gone through the proxy.
+TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
+  auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  startAgent();
+  enrollWithProxy();
+  auto before = podHookPrograms(topo_.pod(), bpffs_, podId(), mode());
+  for (uint32_t id : before) ASSERT_NE(id, 0u);
+
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> ok{0};
+  std::vector<std::string> failures;
+  std::thread loop([&] {
+    while (!stop) {
+      Status st = oneConnection((*server)->local());
+      if (st.ok())
+        ok++;
+      else
+        failures.push_back(st.error().message);
+    }
+  });
+  auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); };
+  std::vector<std::vector<uint32_t>> generations = {before};
+
+  pause();
+  EXPECT_EQ(agent_->stop(SIGKILL), 128 + SIGKILL);
+  pause();  // no agent at all: the pinned links and maps carry on
+  startAgent();
+  generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode()));
+  pause();
+  EXPECT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  pause();
+  startAgent();  // the "upgrade": another program load takes over in place
+  generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode()));
+  pause();
+  stop = true;
+  loop.join();
+
+  EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
+  EXPECT_GE(ok.load(), 20u) << "too few connections to mean anything";
+  RecordProperty("connections", static_cast<int>(ok.load()));
+  std::cout << "connections through the redirect during kill/restart/upgrade: " << ok.load() << ", failed: "
+            << failures.size() << "\n";
+  // Every connection was redirected: the proxy relayed each one.
+  EXPECT_TRUE(standIn_->waitForEvents(ok.load(), kIoTimeout));
+  EXPECT_EQ(outboundEvents(), ok.load());
+  // Each agent start switched all hooks to its own programs.
+  for (size_t g = 1; g < generations.size(); g++)
+    for (size_t h = 0; h < before.size(); h++) {
+      EXPECT_NE(generations[g][h], 0u) << "generation " << g << " hook " << h;
+      EXPECT_NE(generations[g][h], generations[g - 1][h]) << "generation " << g << " hook " << h << " kept the old program";
+    }
+  // Pod side (eth0 in/out, lo out) and node side (host veth in/out).
+  EXPECT_NE(agent_->log().find("switched 5 hook(s)"), std::string::npos) << agent_->log();
+}
+
+// A restarted agent repairs what was damaged while it was down.
+TEST_P(Agent, RestartRepairsDamagedPod) {
+  auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  startAgent();
+  enrollWithProxy();
+  ASSERT_TRUE(oneConnection((*server)->local()).ok());
+  ASSERT_EQ(agent_->stop(SIGTERM), 0);
+
+  // Damage: the egress hook, the policy rule, the v6 route, accept_local
+  // and the pod's config entry (redirection off) are gone.
+  if (mode() == TcMode::Tcx) {
+    ASSERT_TRUE(detachTcx(bpffs_.linkDir(podId()) + "/eth0_egress").ok());
+  } else {
+    ASSERT_TRUE(topo_.pod()
+                    .run([]() -> Status { return detachLegacy(static_cast<int>(if_nametoindex("eth0")), TcHook::Egress, false); })
+                    .ok());
+  }
+  ASSERT_EQ(topo_.pod().ip("rule del fwmark 0x111/0xfff").exitCode, 0);
+  ASSERT_EQ(topo_.pod().ip("-6 route del local ::/0 table 100").exitCode, 0);
+  ASSERT_TRUE(topo_.pod().setSysctl("net/ipv4/conf/eth0/accept_local", "0").ok());
+  auto cookie = topo_.pod().cookie();
+  ASSERT_TRUE(cookie.ok());
+  int cfg = bpf_obj_get((bpffs_.root() + "/pod_config").c_str());
+  ASSERT_GE(cfg, 0);
+  ASSERT_EQ(bpf_map_delete_elem(cfg, &*cookie), 0);
+  ::close(cfg);
+
+  startAgent();
+  auto c = client();
+  auto check = c.check(podId());
+  ASSERT_TRUE(check.ok()) << check.error().message;
+  EXPECT_TRUE(check->intact) << nlohmann::json(check->problems).dump() << "\n" << agent_->log();
+  for (const char* what : {"no program attached at eth0 egress", "IPv4 policy rule", "IPv6 local default route",
+                           "accept_local is off on eth0", "no entry in pod_config"})
+    EXPECT_NE(agent_->log().find(std::string("repaired: ") + what), std::string::npos) << what << "\n" << agent_->log();
+  standIn_->clearEvents();
+  ASSERT_TRUE(oneConnection((*server)->local()).ok());
+  EXPECT_EQ(outboundEvents(), 1u);
+}
+
+// check reports damage without repairing it.
+TEST_P(Agent, CheckReportsDamageWithoutRepairing) {
+  startAgent();
+  enrollWithProxy();
+  auto c = client();
+  auto clean = c.check(podId());
+  ASSERT_TRUE(clean.ok()) << clean.error().message;
+  EXPECT_TRUE(clean->intact);
+  ASSERT_EQ(topo_.pod().ip("rule del fwmark 0x111/0xfff").exitCode, 0);
+  auto damaged = c.check(podId());
+  ASSERT_TRUE(damaged.ok());
+  EXPECT_FALSE(damaged->intact);
+  ASSERT_EQ(damaged->problems.size(), 1u) << nlohmann::json(damaged->problems).dump();
+  EXPECT_NE(damaged->problems[0].find("IPv4 policy rule"), std::string::npos) << damaged->problems[0];
+  // Still damaged: check changed nothing.
+  auto exists = topo_.pod().ip("rule show fwmark 0x111/0xfff");
+  EXPECT_EQ(exists.out.find("lookup 100"), std::string::npos) << exists.out;
+}
+
+// Pods whose netns went away while the agent was down are cleaned up on
+// start, leaving no pins and no map entries.
+TEST_P(Agent, StartRemovesPodsWhoseNetnsIsGone) {
+  startAgent();
+  auto info = client().addPod(spec());
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  ASSERT_EQ(agent_->stop(SIGKILL), 128 + SIGKILL);
+  topo_.pod().remove();
+  startAgent();
+  auto pods = client().listPods();
+  ASSERT_TRUE(pods.ok());
+  EXPECT_TRUE(pods->empty());
+  EXPECT_TRUE(dirEntries(bpffs_.linkDir(podId())).empty());
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_config", 8), 0u);
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_stats", 8), 0u);
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_addrs", sizeof(sluice_pod_addr)), 0u);
+  EXPECT_NE(agent_->log().find("is gone; removing the pod"), std::string::npos) << agent_->log();
+}
+
+// SIGTERM stops the agent cleanly: exit 0, socket gone, data plane kept.
+TEST_P(Agent, SigtermLeavesDataPlaneInPlace) {
+  auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  startAgent();
+  enrollWithProxy();
+  EXPECT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  EXPECT_FALSE(pathExists(socket_));
+  EXPECT_NE(agent_->log().find("the data plane stays in place"), std::string::npos);
+  ASSERT_TRUE(oneConnection((*server)->local()).ok());
+  EXPECT_EQ(outboundEvents(), 1u);
+  startAgent();  // for TearDown's removal
+}
+
+class AgentApi : public Agent {};
+INSTANTIATE_TEST_SUITE_P(Tcx, AgentApi, ::testing::Values(TcMode::Tcx),
+                         [](const auto& info) { return std::string(modeName(info.param)); });
+
+// Malformed requests get a readable error each and change nothing.
+TEST_P(AgentApi, MalformedRequestsAreRefusedReadably) {
+  startAgent();
+  auto c = client();
+  struct Case {
+    std::string line, code, text;
+  } cases[] = {
+      {"not json", "EINVAL", "not valid JSON"},
+      {"[1,2]", "EINVAL", "a request must be a JSON object"},
+      {R"({"op":"list"})", "EINVAL", "'version' is missing"},
+      {R"({"version":7,"op":"list"})", "EPROTO", "unsupported protocol version 7"},
+      {R"({"version":1})", "EINVAL", "'op' is missing"},
+      {R"({"version":1,"op":"explode"})", "EINVAL", "unknown op 'explode'"},
+      {R"({"version":1,"op":"list","colour":"red"})", "EINVAL", "unknown field 'colour'"},
+      {R"({"version":1,"op":"add"})", "EINVAL", "add needs 'pod'"},
+      {R"({"version":1,"op":"add","pod":{}})", "EINVAL", "'netns' is missing"},
+      {R"({"version":1,"op":"add","pod":{"netns":"relative/path"}})", "EINVAL", "absolute path"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","dnsCapture":"yes"}})", "EINVAL", "'dnsCapture' must be true or false"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","id":"a b"}})", "EINVAL", "has characters other than"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","tcMode":"fast"}})", "EINVAL", "'pod.tcMode' must be"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","ips":[1]}})", "EINVAL", "'ips' must be an array of strings"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","ips":["300.1.1.1"]}})", "EINVAL", "invalid pod address"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/var/run/netns/sluice-no-such-netns"}})", "ENOENT", "sluice-no-such-netns"},
+      {R"({"version":1,"op":"remove"})", "EINVAL", "exactly one of 'id' or 'netns'"},
+      {R"({"version":1,"op":"remove","id":"nobody"})", "ENOENT", "pod 'nobody' is not enrolled"},
+      {R"({"version":1,"op":"check"})", "EINVAL", "check needs 'id'"},
+      {R"({"version":1,"op":"check","id":"nobody"})", "ENOENT", "pod 'nobody' is not enrolled"},
+      {R"({"version":1,"op":"stats","id":"nobody"})", "ENOENT", "pod 'nobody' is not enrolled"},
+  };
+  for (const auto& k : cases) {
+    auto raw = c.roundTrip(k.line);
+    ASSERT_TRUE(raw.ok()) << k.line << ": " << raw.error().message;
+    auto j = nlohmann::json::parse(*raw, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << *raw;
+    EXPECT_EQ(j["version"], 1) << *raw;
+    EXPECT_EQ(j["ok"], false) << k.line << " -> " << *raw;
+    EXPECT_EQ(j["error"]["code"], k.code) << k.line << " -> " << *raw;
+    EXPECT_NE(j["error"]["message"].get<std::string>().find(k.text), std::string::npos) << k.line << " -> " << *raw;
+  }
+  // An oversized line: an error, then the connection is closed.
+  auto big = agent_->client();
+  ASSERT_TRUE(big.ok());
+  auto raw = big->roundTrip(std::string(100 * 1024, 'x'));
+  ASSERT_TRUE(raw.ok()) << raw.error().message;
+  EXPECT_NE(raw->find("EMSGSIZE"), std::string::npos) << *raw;
+  EXPECT_FALSE(big->health().ok());
+  // Nothing changed; the agent still answers.
+  auto pods = client().listPods();
+  ASSERT_TRUE(pods.ok());
+  EXPECT_TRUE(pods->empty());
+  EXPECT_TRUE(dirEntries(bpffs_.root() + "/links").empty());
+}
+
+// Two adds of the same pod at once: both succeed (the second is the
+// idempotent repeat), one pod is enrolled, once. Two ids for one netns at
+// once: exactly one wins, the other is told why.
+TEST_P(AgentApi, ConcurrentAddsOfOnePod) {
+  startAgent();
+  for (int round = 0; round < 3; round++) {
+    std::vector<Result<PodInfo>> results(2, Error::msg("not run"));
+    std::vector<std::thread> ts;
+    for (int i = 0; i < 2; i++)
+      ts.emplace_back([&, i] {
+        auto c = agent_->client();
+        results[i] = c.ok() ? c->addPod(spec()) : Result<PodInfo>(c.error());
+      });
+    for (auto& t : ts) t.join();
+    for (auto& r : results) EXPECT_TRUE(r.ok()) << r.error().message;
+    auto pods = client().listPods();
+    ASSERT_TRUE(pods.ok());
+    EXPECT_EQ(pods->size(), 1u);
+    ASSERT_TRUE(client().removePod(podId()).ok());
+  }
+  std::vector<Result<PodInfo>> results(2, Error::msg("not run"));
+  std::vector<std::thread> ts;
+  for (int i = 0; i < 2; i++)
+    ts.emplace_back([&, i] {
+      PodSpec s = spec();
+      s.id = "twin-" + std::to_string(i);
+      auto c = agent_->client();
+      results[i] = c.ok() ? c->addPod(s) : Result<PodInfo>(c.error());
+    });
+  for (auto& t : ts) t.join();
+  EXPECT_NE(results[0].ok(), results[1].ok());
+  for (auto& r : results)
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().code, EEXIST);
+      EXPECT_NE(r.error().message.find("is already enrolled as pod 'twin-"), std::string::npos) << r.error().message;
+    }
+  auto pods = client().listPods();
+  ASSERT_TRUE(pods.ok());
+  ASSERT_EQ(pods->size(), 1u);
+  ASSERT_TRUE(client().removePod(pods->front().id).ok());
+}
+
+// A netns deleted while its add is under way: the add succeeds or fails
+// with a readable error; either way, after the agent's sweep nothing of
+// those pods is left (no pod, no pins, no map entries).
+TEST_P(AgentApi, NetnsVanishingDuringAddLeavesConsistentState) {
+  startAgent({"--reconcile-interval", "1"});
+  std::mt19937 rng(42);
+  int succeeded = 0, failed = 0;
+  for (int i = 0; i < 12; i++) {
+    TestNetns ns("vanish");
+    ASSERT_TRUE(ns.ok()) << ns.error();
+    ASSERT_EQ(ns.ip("link add eth0 type veth peer name eth1").exitCode, 0);
+    ASSERT_EQ(ns.ip("link set eth0 up").exitCode, 0);
+    PodSpec s;
+    s.netnsPath = ns.path();
+    Result<PodInfo> r = Error::msg("not run");
+    std::thread adder([&] {
+      auto c = agent_->client();
+      r = c.ok() ? c->addPod(s) : Result<PodInfo>(c.error());
+    });
+    std::this_thread::sleep_for(std::chrono::microseconds(rng() % 4000));
+    ns.remove();
+    adder.join();
+    if (r.ok()) {
+      succeeded++;
+    } else {
+      failed++;
+      EXPECT_FALSE(r.error().message.empty());
+      EXPECT_EQ(r.error().message.find("Success"), std::string::npos) << r.error().message;
+    }
+  }
+  // The sweep (every second) removes pods whose netns is gone.
+  std::vector<PodInfo> left;
+  for (int t = 0; t < 100; t++) {
+    auto pods = client().listPods();
+    ASSERT_TRUE(pods.ok());
+    left = *pods;
+    if (left.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_TRUE(left.empty()) << left.size() << " pods left; " << succeeded << " adds succeeded, " << failed << " failed";
+  EXPECT_TRUE(dirEntries(bpffs_.root() + "/links").empty());
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_config", 8), 0u);
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_stats", 8), 0u);
+}
+
+// A second agent on the same socket refuses to start and says why.
+TEST_P(AgentApi, SecondAgentOnSameSocketIsRefused) {
+  startAgent();
+  auto run = runAgentExpectingExit({"--bpffs", bpffs_.root(), "--socket", socket_, "--metrics-address", "off"});
+  EXPECT_EQ(run.exitCode, 1) << run.log;
+  EXPECT_NE(run.log.find("another agent is already listening on " + socket_), std::string::npos) << run.log;
+  EXPECT_TRUE(client().health().ok());
+}
+
+// sluicectl goes through the agent that serves its bpffs root.
+TEST_P(AgentApi, SluicectlUsesTheAgent) {
+  startAgent();
+  auto add = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", socket_, "pod", "add",
+                         "--netns", topo_.pod().path(), "--node-netns", topo_.node().path()});
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  EXPECT_NE(agent_->log().find("enrolled pod " + podId()), std::string::npos) << agent_->log();
+  auto list = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", socket_, "pod", "list", "--json"});
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  auto pods = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(pods.is_array() && pods.size() == 1) << list.out;
+  EXPECT_EQ(pods[0]["id"], podId());
+  // An error from the agent is printed like a direct one.
+  auto again = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", socket_, "pod", "add",
+                           "--netns", topo_.pod().path(), "--id", "other"});
+  EXPECT_EQ(again.exitCode, 1);
+  EXPECT_EQ(again.err, "sluicectl: netns " + topo_.pod().path() + " is already enrolled as pod '" + podId() + "'\n");
+  auto rm = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", socket_, "pod", "remove",
+                        "--netns", topo_.pod().path()});
+  ASSERT_EQ(rm.exitCode, 0) << rm.describe();
+  EXPECT_NE(agent_->log().find("removed pod " + podId()), std::string::npos) << agent_->log();
+}
+
+// Prometheus metrics over HTTP on loopback.
+TEST_P(AgentApi, MetricsAreServedOnLoopback) {
+  // A free port: bind 0, read it, close (the agent binds it right after).
+  uint16_t port = 0;
+  {
+    Fd s(::socket(AF_INET, SOCK_STREAM, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len);
+    port = ntohs(a.sin_port);
+  }
+  auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
+  ASSERT_TRUE(server.ok());
+  startAgent({"--metrics-address", "127.0.0.1:" + std::to_string(port)});
+  enrollWithProxy();
+  ASSERT_TRUE(oneConnection((*server)->local()).ok());
+  ASSERT_TRUE(standIn_->waitForEvents(1, kIoTimeout));
+  (void)client().listPods();
+  (void)client().roundTrip("garbage");
+
+  auto get = [&](const std::string& path) -> std::string {
+    Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "connect failed";
+    std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+    if (::send(s.get(), req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return "send failed";
+    auto body = readSome(s.get(), 1 << 20);
+    return body.ok() ? *body : body.error().message;
+  };
+  std::string page = get("/metrics");
+  EXPECT_NE(page.find("HTTP/1.1 200 OK"), std::string::npos) << page;
+  EXPECT_NE(page.find("text/plain; version=0.0.4"), std::string::npos);
+  for (const std::string& line : std::vector<std::string>{
+           "sluice_pods_enrolled 1", "sluice_agent_requests_total{op=\"add\",result=\"ok\"} 1",
+        "sluice_agent_requests_total{op=\"invalid\",result=\"error\"} 1", "sluice_pod_add_duration_seconds_count 1",
+        "sluice_pod_redirected_connections_total{pod=\"" + podId() + "\",direction=\"outbound\"} 1",
+        "# TYPE sluice_pod_add_duration_seconds histogram", "sluice_pod_add_duration_seconds_bucket{le=\"+Inf\"} 1",
+        "sluice_reconcile_runs_total 1"})
+    EXPECT_NE(page.find(line + "\n"), std::string::npos) << line << "\n" << page;
+  EXPECT_NE(get("/nope").find("404 Not Found"), std::string::npos);
+  EXPECT_NE(get("/healthz").find("200 OK"), std::string::npos);
+}
+
+// Bad flags: a usage error on stderr, exit 2, nothing started.
+TEST(AgentCli, BadFlagsExitWithUsageError) {
+  auto r = runCommand({builtBinary("sluiced"), "--metrics-address", "localhost"});
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.err, "sluiced: --metrics-address: invalid address 'localhost' (expected HOST:PORT, e.g. 127.0.0.1:9464) (see sluiced --help)\n");
+  auto help = runCommand({builtBinary("sluiced"), "--help"});
+  EXPECT_EQ(help.exitCode, 0);
+  EXPECT_NE(help.out.find("usage: sluiced"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace sluice::test
