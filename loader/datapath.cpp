@@ -699,13 +699,6 @@ struct Hook {
   std::string pin;  ///< tcx pin path
 };
 
-// attachLegacy() replaces sluice's filter in place; the qdisc exists.
-Status replaceLegacy(int ifindex, TcHook hook, int progFd) {
-  auto r = attachLegacy(ifindex, hook, progFd);
-  if (!r.ok()) return r.error();
-  return {};
-}
-
 }  // namespace
 
 PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, bool repair) {
@@ -731,13 +724,16 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
     uint32_t have = legacy ? legacyProgramId(h.ifindex, h.hook) : tcxProgramId(h.pin);
     if (!have) {
       found("no program attached at " + where, [&]() -> Status {
-        if (legacy) return replaceLegacy(h.ifindex, h.hook, h.progFd);
+        if (legacy) {
+          auto r = attachLegacy(h.ifindex, h.hook, h.progFd);
+          return r.ok() ? Status() : Status(r.error());
+        }
         return attachTcx(h.ifindex, h.hook, h.progFd, h.pin);
       });
       return;
     }
     if (have != want && repair) {
-      Status st = legacy ? replaceLegacy(h.ifindex, h.hook, h.progFd) : updateTcx(h.pin, h.progFd);
+      Status st = legacy ? replaceLegacyProgram(h.ifindex, h.hook, h.progFd) : updateTcx(h.pin, h.progFd);
       if (st.ok())
         out.programsReplaced++;
       else

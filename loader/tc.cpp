@@ -140,6 +140,15 @@ uint32_t legacyProgramId(int ifindex, TcHook hook) {
   return o.prog_id;
 }
 
+Status replaceLegacyProgram(int ifindex, TcHook hook, int progFd) {
+  LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
+  LIBBPF_OPTS(bpf_tc_opts, o, .prog_fd = progFd, .flags = BPF_TC_F_REPLACE, .handle = kLegacyHandle,
+              .priority = kLegacyPriority);
+  if (int err = bpf_tc_attach(&h, &o); err != 0)
+    return Error::fromErrno(err, std::string("replace cls_bpf ") + tcHookName(hook) + " on ifindex " + std::to_string(ifindex));
+  return {};
+}
+
 uint32_t programId(int progFd) {
   struct bpf_prog_info info {};
   __u32 len = sizeof(info);

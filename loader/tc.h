@@ -56,8 +56,10 @@ uint32_t tcxProgramId(const std::string& pinPath);
 Status updateTcx(const std::string& pinPath, int progFd);
 
 /// The id of the program in sluice's legacy filter on the hook (0: none).
-/// attachLegacy() replaces it in place (the filter is replaced, not
-/// deleted and re-added).
 uint32_t legacyProgramId(int ifindex, TcHook hook);
+
+/// Replaces the program of sluice's existing legacy filter in place (the
+/// filter is changed, not deleted and re-added: no packet misses it).
+Status replaceLegacyProgram(int ifindex, TcHook hook, int progFd);
 
 }  // namespace sluice
