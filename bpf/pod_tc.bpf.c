@@ -252,8 +252,21 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 	if (c->f.proto != IPPROTO_TCP)
 		return drop(c);
 
-	/* Retransmitted SYNs and every later packet go to the socket that
-	 * owns the flow (request, established or time-wait socket). */
+	/* A later packet of a flow pod_egress found a proxy socket for (or of
+	 * a captured TCP DNS flow, now addressed to the pod itself): the
+	 * return mark makes its destination local, and the stack's own lookup
+	 * finds the same socket. Not assigning it lets IP early demux take
+	 * the socket's cached input route, so the packet skips both a second
+	 * socket lookup here and the policy-routed route lookup. Should the
+	 * socket be gone meanwhile, the packet is still delivered locally
+	 * (the stack answers with a reset): it never leaves the pod. */
+	if (tag == SLUICE_TAG_OWNED && !(c->f.tcp_flags & TCP_FLAG_SYN)) {
+		SLUICE_COUNT(c->cookie, owned_pkts);
+		return TC_ACT_OK;
+	}
+
+	/* Retransmitted SYNs go to the socket that owns the flow (request,
+	 * established or time-wait socket). */
 	sk = owner_lookup(c->skb, &c->f);
 	if (sk) {
 		if (assign_release(c->skb, sk) < 0)

@@ -339,15 +339,14 @@ std::vector<Case> ingressCases() {
                   .what = "a DNS_UDP tag on a TCP packet is inconsistent: dropped",
                   .prog = Prog::Ingress, .in = looped(f.pod, kDnsPort), .mark = tagMark(SLUICE_TAG_DNS_UDP),
                   .verdict = TC_ACT_SHOT, .outMark = kReturnMark, .counts = {.dropped_pkts = 1}});
-    cs.push_back({.name = nm(f, "tagged_owned_without_owner_dropped"),
-                  .what = "a packet tagged OWNED whose proxy socket is gone is dropped, never leaked",
+    cs.push_back({.name = nm(f, "tagged_owned_delivered_locally"),
+                  .what = "a packet tagged OWNED is left to the stack's socket lookup with the return mark "
+                          "(local delivery: it never leaves the pod, even if its proxy socket is gone)",
                   .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK), .mark = tagMark(SLUICE_TAG_OWNED),
-                  .verdict = TC_ACT_SHOT, .outMark = kReturnMark, .counts = {.dropped_pkts = 1}});
-    cs.push_back({.name = nm(f, "tagged_owned_with_owner_dropped_in_test_run"),
-                  .what = "a packet tagged OWNED whose owner exists: bpf_sk_assign refuses outside real "
-                          "TC ingress, so test-run sees SHOT (the hand-off is for the netns tests)",
-                  .prog = Prog::Ingress, .in = Packet::tcp(f.pod, kClientPort, f.remote, kServerPort, ACK),
-                  .mark = tagMark(SLUICE_TAG_OWNED), .sockets = Sockets::Connection,
+                  .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_syn_without_owner_dropped"),
+                  .what = "a SYN tagged OWNED (egress never tags one so) takes the owner lookup: none, dropped",
+                  .prog = Prog::Ingress, .in = looped(f.remote, 80, SYN), .mark = tagMark(SLUICE_TAG_OWNED),
                   .verdict = TC_ACT_SHOT, .outMark = kReturnMark, .counts = {.dropped_pkts = 1}});
     cs.push_back({.name = nm(f, "tagged_unknown_tag_dropped"),
                   .what = "an unknown tag value is dropped",
