@@ -34,22 +34,28 @@ struct ctx {
 	struct flow f;
 };
 
-/* Settings and the pod of the packet's netns; false when not enrolled (or
- * not configured yet): the packet is then left alone, uncounted. */
-static __always_inline int ctx_init(struct ctx *c, struct __sk_buff *skb)
+/* The pod of the packet's netns; false when it is not enrolled: the
+ * packet is then left alone. */
+static __always_inline int ctx_pod(struct ctx *c)
 {
-	c->skb = skb;
-	c->cfg = settings_get();
-	if (!c->cfg)
-		return 0;
-	c->cookie = pod_cookie(skb);
+	c->cookie = pod_cookie(c->skb);
 	c->pod = bpf_map_lookup_elem(&pod_config, &c->cookie);
 	return c->pod != 0;
 }
 
+/* Settings and the pod; false when not enrolled (or not configured yet). */
+static __always_inline int ctx_init(struct ctx *c, struct __sk_buff *skb)
+{
+	c->skb = skb;
+	c->cfg = settings_get();
+	return c->cfg && ctx_pod(c);
+}
+
+/* Packets left alone are not counted: a per-CPU hash update on every
+ * packet was a third of the cost of a passed packet. Decisions (captures,
+ * hand-offs, drops) are. */
 static __always_inline int pass(struct ctx *c)
 {
-	SLUICE_COUNT(c->cookie, passed_pkts);
 	return TC_ACT_OK;
 }
 
@@ -112,13 +118,21 @@ static __always_inline int capture_dns(struct ctx *c, enum sluice_tag tag)
 {
 	struct sluice_dns_nat_key k;
 	struct sluice_dns_nat_value v = {};
+	struct sluice_dns_nat_value *old;
 	__u32 self[4];
 
 	dns_nat_key(c, &k, c->f.saddr, c->f.sport);
 	__builtin_memcpy(v.resolver_addr, c->f.daddr, 16);
 	v.resolver_port = c->f.dport;
-	if (bpf_map_update_elem(&dns_nat, &k, &v, BPF_ANY) < 0)
-		return drop(c);
+	/* An LRU update allocates and links a new element even when an equal
+	 * one exists (a socket's second query: glibc sends A and AAAA from one
+	 * socket); a lookup is much cheaper and refreshes the entry. */
+	old = bpf_map_lookup_elem(&dns_nat, &k);
+	if (!old || old->resolver_port != v.resolver_port ||
+	    !addr_eq((const __u32 *)old->resolver_addr, c->f.daddr, c->f.family)) {
+		if (bpf_map_update_elem(&dns_nat, &k, &v, BPF_ANY) < 0)
+			return drop(c);
+	}
 	__builtin_memcpy(self, c->f.saddr, 16);
 	if (nat_rewrite(c->skb, &c->f, 0, self, bpf_htons(c->cfg->dns_port)) < 0)
 		return drop(c);
@@ -168,13 +182,17 @@ static __always_inline int egress_tcp(struct ctx *c)
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
-	struct ctx c = {};
+	struct ctx c = { .skb = skb };
 
-	if (!ctx_init(&c, skb))
+	c.cfg = settings_get();
+	if (!c.cfg)
 		return TC_ACT_OK;
-	/* Rule 5: the proxy's own traffic. */
+	/* Rule 5: the proxy's own traffic, half the packets of every redirected
+	 * connection, leaves before any map lookup. */
 	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
-		return pass(&c);
+		return TC_ACT_OK;
+	if (!ctx_pod(&c))
+		return TC_ACT_OK;
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
 		break;
@@ -234,8 +252,21 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 	if (c->f.proto != IPPROTO_TCP)
 		return drop(c);
 
-	/* Retransmitted SYNs and every later packet go to the socket that
-	 * owns the flow (request, established or time-wait socket). */
+	/* A later packet of a flow pod_egress found a proxy socket for (or of
+	 * a captured TCP DNS flow, now addressed to the pod itself): the
+	 * return mark makes its destination local, and the stack's own lookup
+	 * finds the same socket. Not assigning it lets IP early demux take
+	 * the socket's cached input route, so the packet skips both a second
+	 * socket lookup here and the policy-routed route lookup. Should the
+	 * socket be gone meanwhile, the packet is still delivered locally
+	 * (the stack answers with a reset): it never leaves the pod. */
+	if (tag == SLUICE_TAG_OWNED && !(c->f.tcp_flags & TCP_FLAG_SYN)) {
+		SLUICE_COUNT(c->cookie, owned_pkts);
+		return TC_ACT_OK;
+	}
+
+	/* Retransmitted SYNs go to the socket that owns the flow (request,
+	 * established or time-wait socket). */
 	sk = owner_lookup(c->skb, &c->f);
 	if (sk) {
 		if (assign_release(c->skb, sk) < 0)

@@ -282,7 +282,6 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   std::string pinDir = linkDir(id);
   auto existing = programs_->pods.lookup(podKey(id));
   bool alreadyEnrolled = false;
-  auto knownPods = programs_->pods.keys();
   int podVethIfindex = 0, peerIfindex = 0;
   if (spec.ips.size() > SLUICE_MAX_POD_ADDRS)
     return Error::msg("at most " + std::to_string(SLUICE_MAX_POD_ADDRS) + " --ip", EINVAL);
@@ -303,7 +302,10 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
     auto cookie = currentNetnsCookie();
     SLUICE_TRY(cookie);
     rec.netns_cookie = *cookie;
-    auto links = listLinks();
+    // One netlink socket for every request in the pod's netns.
+    auto nl = NetlinkSocket::open();
+    SLUICE_TRY(nl);
+    auto links = listLinksOn(*nl);
     SLUICE_TRY(links);
     std::vector<LinkInfo> attachTo;
     for (const auto& l : *links) {
@@ -334,13 +336,12 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
       alreadyEnrolled = true;
       return {};
     }
-    for (const auto& key : knownPods) {
-      auto other = programs_->pods.lookup(key);
-      if (other && other->netns_cookie == rec.netns_cookie)
-        return Error::msg("netns " + spec.netnsPath + " is already enrolled as pod '" +
-                              fromFixed(key.id, sizeof(key.id)) + "'",
-                          EEXIST);
-    }
+    // pod_config is keyed by the netns cookie: one lookup, where reading the
+    // whole registry cost O(pods) per enrollment.
+    if (auto other = programs_->podConfig.lookup(rec.netns_cookie))
+      return Error::msg("netns " + spec.netnsPath + " is already enrolled as pod '" +
+                            fromFixed(other->id, sizeof(other->id)) + "'",
+                        EEXIST);
     if (attachTo.empty()) return Error::msg("netns " + spec.netnsPath + " has no non-loopback interface to attach to", ENODEV);
     if (attachTo.size() > SLUICE_MAX_POD_IFACES)
       return Error::msg("netns " + spec.netnsPath + " has more than " + std::to_string(SLUICE_MAX_POD_IFACES) + " interfaces", E2BIG);
@@ -372,27 +373,32 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
       copyString(slot.name, sizeof(slot.name), l.name);
       slot.ifindex = l.ifindex;
       slot.accept_local_before = -1;
-      auto before = readSysctl(acceptLocalSysctl(l.name));
-      SLUICE_TRY(before);
-      if (*before != "1") {
-        SLUICE_TRY(writeSysctl(acceptLocalSysctl(l.name), "1"));
-        slot.accept_local_before = std::stoi(*before);
-        std::string name = l.name, prev = *before;
-        undo.add([name, prev] { (void)writeSysctl(acceptLocalSysctl(name), prev); });
+      // The link dump reports it; /proc/sys only when it did not.
+      int before = l.acceptLocal;
+      if (before < 0) {
+        auto text = readSysctl(acceptLocalSysctl(l.name));
+        SLUICE_TRY(text);
+        before = std::stoi(*text);
+      }
+      if (before != 1) {
+        SLUICE_TRY(setAcceptLocal(*nl, l.ifindex, 1));
+        slot.accept_local_before = before;
+        int ifindex = l.ifindex;
+        NetlinkSocket& sock = *nl;  // outlives undo, declared after it
+        undo.add([&sock, ifindex, before] { (void)setAcceptLocal(sock, ifindex, before); });
       }
     }
 
     // Policy routing: packets with the return mark are delivered locally.
-    auto v6 = ipv6EnabledOnLoopback();
+    auto v6 = ipv6EnabledOnLink(*nl, rec.lo_ifindex);
     SLUICE_TRY(v6);
     std::vector<int> families = {AF_INET};
     if (*v6) families.push_back(AF_INET6);
     for (int family : families) {
-      auto exists = policyRuleExists(returnRule(settings, family));
-      SLUICE_TRY(exists);
-      SLUICE_TRY(addPolicyRule(returnRule(settings, family)));
-      if (!*exists) undo.add([&settings, family] { (void)deletePolicyRule(returnRule(settings, family)); });
-      SLUICE_TRY(addLocalDefaultRoute(family, SLUICE_ROUTE_TABLE, rec.lo_ifindex));
+      auto added = ensurePolicyRule(*nl, returnRule(settings, family));
+      SLUICE_TRY(added);
+      if (*added) undo.add([&settings, family] { (void)deletePolicyRule(returnRule(settings, family)); });
+      SLUICE_TRY(addLocalDefaultRouteOn(*nl, family, SLUICE_ROUTE_TABLE, rec.lo_ifindex));
       int lo = rec.lo_ifindex;
       undo.add([family, lo] { (void)deleteLocalDefaultRoute(family, SLUICE_ROUTE_TABLE, lo); });
       rec.routes |= family == AF_INET ? SLUICE_ROUTES_V4 : SLUICE_ROUTES_V6;
@@ -560,6 +566,8 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
       auto keepIn = [&st](Status s) {
         if (!s.ok() && st.ok()) st = s;
       };
+      auto nl = NetlinkSocket::open();
+      SLUICE_TRY(nl);
       for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
         const auto& slot = rec.ifaces[i];
         if (rec.tc_mode == SLUICE_TC_LEGACY) {
@@ -567,8 +575,7 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
           keepIn(detachLegacy(slot.ifindex, TcHook::Egress, slot.created_clsact));
         }
         if (slot.accept_local_before >= 0)
-          keepIn(writeSysctl(acceptLocalSysctl(fromFixed(slot.name, sizeof(slot.name))),
-                             std::to_string(slot.accept_local_before)));
+          keepIn(setAcceptLocal(*nl, static_cast<int>(slot.ifindex), slot.accept_local_before));
       }
       if (rec.tc_mode == SLUICE_TC_LEGACY)
         keepIn(detachLegacy(rec.lo_ifindex, TcHook::Egress, rec.lo_created_clsact));

@@ -1,13 +1,19 @@
 #include "loader/netlink.h"
 
 #include <linux/fib_rules.h>
+#include <linux/if_link.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <net/if.h>
 #include <netlink/errno.h>
 #include <netlink/handlers.h>
 #include <netlink/netlink.h>
+#include <netlink/msg.h>
+#include <netlink/attr.h>
 #include <netlink/route/link.h>
+#include <netlink/route/link/inet.h>
 #include <netlink/route/nexthop.h>
 #include <netlink/route/route.h>
 #include <netlink/route/rule.h>
@@ -320,8 +326,12 @@ Status NetlinkSocket::call(const std::function<int(nl_sock*)>& request, const st
 Result<std::vector<LinkInfo>> listLinks() {
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
+  return listLinksOn(*sock);
+}
+
+Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock) {
   auto cache = dump(
-      *sock,
+      sock,
       [](nl_sock* s, nl_cache** out) { return rtnl_link_alloc_cache(s, AF_UNSPEC, out); },
       "dump links");
   SLUICE_TRY(cache);
@@ -337,9 +347,88 @@ Result<std::vector<LinkInfo>> listLinks() {
     const char* kind = rtnl_link_get_type(l);  // IFLA_INFO_KIND, null if absent
     info.kind = kind ? kind : "";
     info.linkIfindex = rtnl_link_get_link(l);
+    uint32_t acceptLocal = 0;
+    if (rtnl_link_inet_get_conf(l, IPV4_DEVCONF_ACCEPT_LOCAL, &acceptLocal) == 0)
+      info.acceptLocal = static_cast<int>(acceptLocal);
     links.push_back(std::move(info));
   });
   return links;
+}
+
+Status setAcceptLocal(NetlinkSocket& sock, int ifindex, int value) {
+  const std::string what = fmt::format("set accept_local={} on interface #{}", value, ifindex);
+  std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(RTM_SETLINK, 0), nlmsg_free);
+  if (!msg) return Error::msg(what + ": cannot allocate message", ENOMEM);
+  ifinfomsg ifi{};
+  ifi.ifi_family = AF_UNSPEC;
+  ifi.ifi_index = ifindex;
+  nlattr* spec = nullptr;
+  nlattr* inet = nullptr;
+  nlattr* conf = nullptr;
+  if (nlmsg_append(msg.get(), &ifi, sizeof(ifi), NLMSG_ALIGNTO) < 0 ||
+      !(spec = nla_nest_start(msg.get(), IFLA_AF_SPEC)) || !(inet = nla_nest_start(msg.get(), AF_INET)) ||
+      !(conf = nla_nest_start(msg.get(), IFLA_INET_CONF)) ||
+      nla_put_u32(msg.get(), IPV4_DEVCONF_ACCEPT_LOCAL, static_cast<uint32_t>(value)) < 0)
+    return Error::msg(what + ": message too long", EMSGSIZE);
+  nla_nest_end(msg.get(), conf);
+  nla_nest_end(msg.get(), inet);
+  nla_nest_end(msg.get(), spec);
+  // nl_send_sync frees the message.
+  SLUICE_TRY(sock.call([&](nl_sock* s) { return nl_send_sync(s, msg.release()); }, what));
+  spdlog::debug("{}", what);
+  return {};
+}
+
+Result<bool> ipv6EnabledOnLink(NetlinkSocket& sock, int ifindex) {
+  const std::string what = fmt::format("get interface #{}", ifindex);
+  struct Found {
+    bool seen = false;
+    bool enabled = false;
+  } found;
+  std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(RTM_GETLINK, 0), nlmsg_free);
+  if (!msg) return Error::msg(what + ": cannot allocate message", ENOMEM);
+  ifinfomsg ifi{};
+  ifi.ifi_family = AF_UNSPEC;
+  ifi.ifi_index = ifindex;
+  if (nlmsg_append(msg.get(), &ifi, sizeof(ifi), NLMSG_ALIGNTO) < 0)
+    return Error::msg(what + ": message too long", EMSGSIZE);
+  // libnl's link object keeps IFLA_INET6_CONF to itself, so the answer is
+  // parsed here: IFLA_AF_SPEC / AF_INET6 / IFLA_INET6_CONF is an array of
+  // s32 indexed by DEVCONF_*.
+  auto parse = [](nl_msg* m, void* arg) -> int {
+    auto* out = static_cast<Found*>(arg);
+    nlattr* tb[IFLA_MAX + 1] = {};
+    if (nlmsg_parse(nlmsg_hdr(m), sizeof(ifinfomsg), tb, IFLA_MAX, nullptr) < 0 || !tb[IFLA_AF_SPEC])
+      return NL_OK;
+    nlattr* inet6 = nla_find(static_cast<nlattr*>(nla_data(tb[IFLA_AF_SPEC])), nla_len(tb[IFLA_AF_SPEC]), AF_INET6);
+    if (!inet6) return NL_OK;
+    nlattr* conf = nla_find(static_cast<nlattr*>(nla_data(inet6)), nla_len(inet6), IFLA_INET6_CONF);
+    if (!conf || nla_len(conf) < static_cast<int>((DEVCONF_DISABLE_IPV6 + 1) * sizeof(int32_t))) return NL_OK;
+    int32_t disabled = 0;
+    std::memcpy(&disabled, static_cast<char*>(nla_data(conf)) + DEVCONF_DISABLE_IPV6 * sizeof(int32_t),
+                sizeof(disabled));
+    out->seen = true;
+    out->enabled = disabled == 0;
+    return NL_OK;
+  };
+  // A copy of the socket's callbacks (the error callback call() relies on
+  // included) with a parser for the answer; the request is answered with
+  // the link, then the ack, as libnl's own rtnl_link_get_kernel reads them.
+  nl_cb* base = nl_socket_get_cb(sock.get());
+  std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
+  nl_cb_put(base);
+  if (!cb) return Error::msg(what + ": cannot allocate callbacks", ENOMEM);
+  nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, &found);
+  SLUICE_TRY(sock.call(
+      [&](nl_sock* s) {
+        int rc = nl_send_auto(s, msg.get());
+        if (rc < 0) return rc;
+        rc = nl_recvmsgs(s, cb.get());
+        if (rc < 0) return rc;
+        return nl_wait_for_ack(s);
+      },
+      what));
+  return found.seen && found.enabled;
 }
 
 // ---- policy rules -----------------------------------------------------------
@@ -352,15 +441,21 @@ Result<bool> policyRuleExists(const PolicyRule& rule) {
 }
 
 Status addPolicyRule(const PolicyRule& rule) {
-  const std::string what = "add " + describe(rule);
-  SLUICE_TRY(checkArgs(rule.family, rule.table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
-  auto exists = ruleExists(*sock, rule);
+  auto added = ensurePolicyRule(*sock, rule);
+  SLUICE_TRY(added);
+  return {};
+}
+
+Result<bool> ensurePolicyRule(NetlinkSocket& sock, const PolicyRule& rule) {
+  const std::string what = "add " + describe(rule);
+  SLUICE_TRY(checkArgs(rule.family, rule.table, what));
+  auto exists = ruleExists(sock, rule);
   SLUICE_TRY(exists);
   if (*exists) {
     spdlog::debug("{}: already present", what);
-    return {};
+    return false;
   }
   auto msg = buildRule(rule);
   SLUICE_TRY(msg);
@@ -368,10 +463,10 @@ Status addPolicyRule(const PolicyRule& rule) {
   // rule added concurrently since the dump above comes back as EEXIST, which
   // is the outcome we wanted anyway.
   Status st =
-      sock->call([&](nl_sock* s) { return rtnl_rule_add(s, msg->get(), NLM_F_EXCL); }, what);
-  if (!st.ok() && st.error().code != EEXIST) return st;
+      sock.call([&](nl_sock* s) { return rtnl_rule_add(s, msg->get(), NLM_F_EXCL); }, what);
+  if (!st.ok() && st.error().code != EEXIST) return st.error();
   spdlog::debug("{}", what);
-  return {};
+  return st.ok();
 }
 
 Status deletePolicyRule(const PolicyRule& rule) {
@@ -398,16 +493,20 @@ Status deletePolicyRule(const PolicyRule& rule) {
 // ---- local default route ----------------------------------------------------
 
 Status addLocalDefaultRoute(int family, uint32_t table, int oifIndex) {
-  const std::string what = "replace " + describeRoute(family, table, oifIndex);
-  SLUICE_TRY(checkArgs(family, table, what));
   auto sock = NetlinkSocket::open();
   SLUICE_TRY(sock);
+  return addLocalDefaultRouteOn(*sock, family, table, oifIndex);
+}
+
+Status addLocalDefaultRouteOn(NetlinkSocket& sock, int family, uint32_t table, int oifIndex) {
+  const std::string what = "replace " + describeRoute(family, table, oifIndex);
+  SLUICE_TRY(checkArgs(family, table, what));
   auto route = buildLocalDefaultRoute(family, table, oifIndex, what);
   SLUICE_TRY(route);
   // NLM_F_REPLACE (libnl adds NLM_F_CREATE) is `ip route replace`: creates
   // the route or overwrites the one with the same key, so repeating is a
   // no-op.
-  SLUICE_TRY(sock->call(
+  SLUICE_TRY(sock.call(
       [&](nl_sock* s) { return rtnl_route_add(s, route->get(), NLM_F_REPLACE); }, what));
   spdlog::debug("{}", what);
   return {};

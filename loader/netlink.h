@@ -64,10 +64,29 @@ struct LinkInfo {
   /// IFLA_LINK: for a veth, the peer's ifindex *in the peer's namespace*
   /// (which may be another one); 0 if none.
   int linkIfindex = 0;
+  /// net.ipv4.conf.<name>.accept_local as the dump reports it
+  /// (IFLA_AF_SPEC / IFLA_INET_CONF); -1 when not reported (no IPv4 on it).
+  int acceptLocal = -1;
 };
 
 /// All interfaces in the calling thread's network namespace.
 Result<std::vector<LinkInfo>> listLinks();
+
+/// All interfaces in @p sock's network namespace.
+Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock);
+
+/// Sets net.ipv4.conf.<if>.accept_local of interface @p ifindex with
+/// RTM_SETLINK (IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF), the same setting
+/// as the /proc/sys file. Path lookups under /proc/sys/net/ipv4/conf/<if>/
+/// walk a dentry hash chain that holds that name for every network
+/// namespace on the node, so they slow down with the number of pods;
+/// netlink does not.
+Status setAcceptLocal(NetlinkSocket& sock, int ifindex, int value);
+
+/// Whether IPv6 is enabled on interface @p ifindex (its disable_ipv6 is 0),
+/// read with RTM_GETLINK (IFLA_AF_SPEC / AF_INET6 / IFLA_INET6_CONF); false
+/// when the interface reports no IPv6 state (IPv6 off in the kernel).
+Result<bool> ipv6EnabledOnLink(NetlinkSocket& sock, int ifindex);
 
 /// A policy routing rule "prio PRIORITY fwmark MARK/MASK lookup TABLE".
 /// The functions below reject other families (EAFNOSUPPORT) and table 0
@@ -92,12 +111,19 @@ Status deletePolicyRule(const PolicyRule& rule);
 /// (action "lookup") exists.
 Result<bool> policyRuleExists(const PolicyRule& rule);
 
+/// addPolicyRule() on @p sock, with one rule dump instead of two: true when
+/// the rule was added, false when it was already there.
+Result<bool> ensurePolicyRule(NetlinkSocket& sock, const PolicyRule& rule);
+
 /// Installs the route `ip route replace local 0.0.0.0/0 dev lo table TABLE`
 /// (or `local ::/0` for AF_INET6): type local, scope host, out of interface
 /// @p oifIndex (normally lo). Replacing makes it idempotent. For AF_INET6
 /// the kernel requires the interface to be up (ENETDOWN otherwise). Like
 /// the other route functions, rejects other families and table 0.
 Status addLocalDefaultRoute(int family, uint32_t table, int oifIndex);
+
+/// addLocalDefaultRoute() on @p sock.
+Status addLocalDefaultRouteOn(NetlinkSocket& sock, int family, uint32_t table, int oifIndex);
 
 /// Removes the route addLocalDefaultRoute installs; succeeds when absent.
 Status deleteLocalDefaultRoute(int family, uint32_t table, int oifIndex);

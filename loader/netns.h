@@ -21,14 +21,16 @@ Result<Fd> openNetns(const std::string& path);
 /// same namespace exactly when their inodes (on nsfs) are equal.
 Result<uint64_t> netnsInode(int nsfd);
 
-/// Runs @p fn on a fresh dedicated thread that first joins the network
-/// namespace @p nsfd, waits for it, and returns fn's status (or the setns
-/// error). The calling thread never changes namespace. Exceptions thrown by
+/// Runs @p fn in the network namespace @p nsfd and returns fn's status (or
+/// the setns error): the calling thread joins the namespace, runs fn and
+/// joins its own again before returning (a fresh dedicated thread when
+/// /proc/thread-self is not available). Calls nest. Exceptions thrown by
 /// @p fn are caught and returned as an Error.
 ///
 /// Inside @p fn, sockets (including netlink) and /proc/sys/net belong to the
 /// target namespace, but /proc/self refers to the process's main thread: use
-/// /proc/thread-self/ns/net to see the namespace fn runs in.
+/// /proc/thread-self/ns/net to see the namespace fn runs in. Sockets opened
+/// inside fn stay in the target namespace after it returns.
 Status runInNetns(int nsfd, const std::function<Status()>& fn);
 
 /// The cookie of the calling thread's network namespace (SO_NETNS_COOKIE):

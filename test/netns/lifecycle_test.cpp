@@ -472,7 +472,6 @@ TEST_P(Lifecycle, StatsCountConnections) {
   EXPECT_EQ(s.outbound_conns, 2u);
   EXPECT_EQ(s.inbound_conns, 1u);
   EXPECT_GT(s.owned_pkts, 0u);
-  EXPECT_GT(s.passed_pkts, 0u);
   EXPECT_EQ(s.dropped_pkts, 0u);
   auto all = h_->datapath().stats(std::nullopt);
   ASSERT_TRUE(all.ok());
