@@ -148,7 +148,8 @@ Status cmdDel(const Env& env, const NetConf& conf, const std::string& id) {
   return {};
 }
 
-Result<std::string> cmdCheck(const Env& env, const NetConf& conf, const std::string& id) {
+// On damage, @p details gets the problems alone (the error's "details").
+Status cmdCheck(const Env& env, const NetConf& conf, const std::string& id, std::string& details) {
   if (!versionAtLeast(conf.cniVersion, 0, 4))
     return cniError(kCniIncompatibleVersion, "CHECK needs cniVersion 0.4.0 or later, the configuration has " + conf.cniVersion);
   SLUICE_TRY(requireEnv(env.ifname, "CNI_IFNAME", "CHECK"));
@@ -162,11 +163,10 @@ Result<std::string> cmdCheck(const Env& env, const NetConf& conf, const std::str
     return cniError(kCniAgentFailed, "sluice agent could not check " + describePod(id, env) + ": " + report.error().message);
   }
   if (!report->intact) {
-    Error e = cniError(kCniDamaged, describePod(id, env) + " is enrolled but its redirection is damaged: " +
-                                        joined(report->problems, "; "));
-    return e;
+    details = joined(report->problems, "; ");
+    return cniError(kCniDamaged, describePod(id, env) + " is enrolled but its redirection is damaged: " + details);
   }
-  return std::string();
+  return {};
 }
 
 ordered_json versionJson(const std::string& cniVersion) {
@@ -370,12 +370,9 @@ Outcome run(const Env& env, const std::string& stdinText) {
     if (!st.ok()) return failure(st.error(), conf->cniVersion);
     return Outcome{0, ""};
   }
-  auto st = cmdCheck(env, *conf, id);
-  if (!st.ok()) {
-    std::string details;
-    if (st.error().code == kCniDamaged) details = st.error().message.substr(st.error().message.find(": ") + 2);
-    return failure(st.error(), conf->cniVersion, details);
-  }
+  std::string details;
+  auto st = cmdCheck(env, *conf, id, details);
+  if (!st.ok()) return failure(st.error(), conf->cniVersion, details);
   return Outcome{0, ""};
 }
 
