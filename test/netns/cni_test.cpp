@@ -542,13 +542,18 @@ TEST_F(Cni, DelOfAnUnknownContainerSucceeds) {
 }
 
 // The runtime deletes the netns before (or instead of) a clean DEL: DEL
-// still succeeds and the agent removes everything of the pod.
+// still succeeds and the agent removes everything of the pod. The network
+// is an older spec version (0.4.0), whose results sluice-cni reads too.
 TEST_F(Cni, DelAfterTheNetnsIsGoneCleansUp) {
   startAgent();
+  list_["cniVersion"] = "0.4.0";
   CniRuntime rt(node_, work_.file("bin"), work_.path());
   auto add = rt.add(list_, params_);
   ASSERT_TRUE(add.ok) << add.describe();
-  ASSERT_EQ(listPods().size(), 1u);
+  EXPECT_EQ(add.result["cniVersion"], "0.4.0") << add.result;
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});
   pod_.remove();
   auto del = rt.checkOrDel(list_, params_, "DEL", add.result);
   ASSERT_TRUE(del.ok) << del.describe();
