@@ -1,0 +1,682 @@
+// sluice-cni with the real plugins: Debian's containernetworking-plugins
+// `bridge` + `host-local` create the pod network, then sluice-cni enrolls the
+// pod through a real sluiced, each plugin run as a container runtime runs it
+// (libcni's semantics: CNI_* environment, the network config on stdin with
+// cniVersion, name and prevResult injected, the chain in conflist order on
+// ADD/CHECK and in reverse order on DEL). The conflist is the one
+// `sluice-cni install` writes.
+//
+//   test process                      node netns "sluice-cninode-P-N"
+//   +-----------------------+         +-------------------------------------+
+//   | the "runtime":        |-nsenter>| bridge / host-local / sluice-cni    |
+//   |  conf dir, bin dir,   |         | sluiced (--socket TMP/agent.sock,   |
+//   |  host-local dataDir   |         |   --bpffs /sys/fs/bpf/sluice-t-P-N) |
+//   |  under /tmp (TempDir) |         | slbrN 10.231.N.1/24 (bridge, gw)    |
+//   +-----------------------+         |   | port: vethXXXX (probe SNAT)      |
+//                                     +---|---------------------------------+
+//                                         | veth
+//                                     +---|---------------------------------+
+//                                     | eth0 10.231.N.2/24 (host-local)     |
+//                                     | stand-in [::]:15001 ... (in-process)|
+//                                     +-------------------------------------+
+//                                       pod netns "sluice-cnipod-P-N"
+//
+// Everything (agent, namespaces, bridge, IPAM data, bpffs root) is private
+// to the test and removed by RAII even when an assertion fails.
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loader/datapath.h"
+#include "test/common/tempdir.h"
+#include "test/common/topology.h"
+#include "userspace/agent/client.h"
+#include "userspace/cni/cni.h"
+
+namespace sluice::test {
+namespace {
+
+using nlohmann::json;
+namespace fs = std::filesystem;
+
+constexpr const char* kSystemCniDir = "/usr/lib/cni";
+
+bool pathExists(const std::string& p) {
+  struct stat st {};
+  return ::lstat(p.c_str(), &st) == 0;
+}
+
+std::string shellQuote(const std::string& s) {
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+std::atomic<int> gCounter{0};
+
+// ---- sluiced in the node netns ---------------------------------------------------
+
+/// A sluiced process started inside a test netns (setns in the child before
+/// exec), logging to a file; SIGTERM then SIGKILL and reaped by stop() and
+/// the destructor.
+class NodeAgent {
+ public:
+  static Result<std::unique_ptr<NodeAgent>> start(const TestNetns& node, const std::string& bpffsRoot,
+                                                  const std::string& socket, const std::string& logPath) {
+    std::unique_ptr<NodeAgent> a(new NodeAgent());
+    a->socket_ = socket;
+    a->logPath_ = logPath;
+    std::vector<std::string> args = {builtBinary("sluiced"), "--bpffs",       bpffsRoot, "--socket", socket,
+                                     "--metrics-address",    "off",           "--reconcile-interval", "0",
+                                     "--log-level",          "debug"};
+    std::vector<char*> argv;
+    for (auto& s : args) argv.push_back(s.data());
+    argv.push_back(nullptr);
+    Fd ns(::open(node.path().c_str(), O_RDONLY | O_CLOEXEC));
+    if (!ns.valid()) return Error::fromErrno(errno, "open " + node.path());
+    Fd log(::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (!log.valid()) return Error::fromErrno(errno, "open " + logPath);
+    pid_t pid = ::fork();
+    if (pid < 0) return Error::fromErrno(errno, "fork");
+    if (pid == 0) {
+      // The child is single-threaded: it may switch its netns.
+      if (::setns(ns.get(), CLONE_NEWNET) != 0) ::_exit(126);
+      ::dup2(log.get(), 1);
+      ::dup2(log.get(), 2);
+      int devnull = ::open("/dev/null", O_RDONLY);
+      if (devnull >= 0) ::dup2(devnull, 0);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      ::execv(argv[0], argv.data());
+      ::_exit(127);
+    }
+    a->pid_ = pid;
+    for (int i = 0; i < 200; i++) {
+      int status = 0;
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        a->pid_ = -1;
+        return Error::msg("sluiced exited at start: " + readTextFile(logPath), ECHILD);
+      }
+      auto c = agent::Client::connect(socket, std::chrono::seconds(2));
+      if (c.ok() && c->health().ok()) return a;
+      std::this_thread::sleep_for(50ms);
+    }
+    return Error::msg("sluiced did not answer on " + socket + " within 10 s: " + readTextFile(logPath), ETIMEDOUT);
+  }
+
+  ~NodeAgent() { stop(); }
+  NodeAgent(const NodeAgent&) = delete;
+  NodeAgent& operator=(const NodeAgent&) = delete;
+
+  /// SIGTERM, then SIGKILL after 10 s; the exit status (-1 if not running).
+  int stop() {
+    if (pid_ < 0) return -1;
+    ::kill(pid_, SIGTERM);
+    int status = 0;
+    for (int i = 0; i < 200; i++) {
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        pid_ = -1;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      std::this_thread::sleep_for(50ms);
+    }
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, &status, 0);
+    pid_ = -1;
+    return 128 + SIGKILL;
+  }
+
+  Result<agent::Client> client() const { return agent::Client::connect(socket_); }
+  std::string log() const { return readTextFile(logPath_); }
+
+ private:
+  NodeAgent() = default;
+  pid_t pid_ = -1;
+  std::string socket_;
+  std::string logPath_;
+};
+
+// ---- a container runtime's side of CNI -------------------------------------------
+
+/// The CNI_* parameters of one pod's invocations. Empty values are left out
+/// of the environment.
+struct CniParams {
+  std::string containerId;
+  std::string netns;
+  std::string ifname = "eth0";
+  std::string args;
+};
+
+struct PluginRun {
+  std::string type;
+  CommandResult result;
+};
+
+/// What a chain operation did: every plugin's run, and for ADD the final
+/// result (or the failing plugin's error JSON).
+struct ChainOutcome {
+  bool ok = false;
+  json result;
+  json error;
+  std::vector<PluginRun> runs;
+  std::string describe() const {
+    std::string s;
+    for (const auto& r : runs) s += "[" + r.type + ": " + r.result.describe() + "] ";
+    return s;
+  }
+};
+
+/// Runs CNI plugins from the node netns exactly as a runtime does.
+class CniRuntime {
+ public:
+  CniRuntime(const TestNetns& node, std::string binDir, std::string scratchDir)
+      : node_(node), binDir_(std::move(binDir)), scratch_(std::move(scratchDir)) {}
+
+  std::string cniPath() const { return binDir_ + ":" + kSystemCniDir; }
+
+  /// The plugin binary of @p type, looked up in CNI_PATH order.
+  std::string pluginPath(const std::string& type) const {
+    for (const auto& dir : {binDir_, std::string(kSystemCniDir)})
+      if (pathExists(dir + "/" + type)) return dir + "/" + type;
+    return binDir_ + "/" + type;
+  }
+
+  /// One plugin invocation: @p stdinText on stdin, CNI_* in a clean
+  /// environment.
+  CommandResult invoke(const std::string& binary, const std::string& command, const CniParams& p,
+                       const std::string& stdinText) const {
+    std::string in = scratch_ + "/stdin-" + std::to_string(gCounter++) + ".json";
+    writeTextFile(in, stdinText);
+    std::string env = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
+    auto add = [&](const char* k, const std::string& v) {
+      if (!v.empty()) env += std::string(" ") + k + "=" + shellQuote(v);
+    };
+    add("CNI_COMMAND", command);
+    add("CNI_CONTAINERID", p.containerId);
+    add("CNI_NETNS", p.netns);
+    add("CNI_IFNAME", p.ifname);
+    add("CNI_ARGS", p.args);
+    add("CNI_PATH", cniPath());
+    auto r = sh("nsenter --net=" + shellQuote(node_.path()) + " env -i " + env + " " + shellQuote(binary) + " < " +
+                shellQuote(in));
+    ::unlink(in.c_str());
+    return r;
+  }
+
+  /// One plugin of a conflist with the list's cniVersion and name (and
+  /// prevResult when given) injected, as libcni does.
+  CommandResult invokePlugin(const json& list, const json& plugin, const std::string& command, const CniParams& p,
+                             const json& prevResult) const {
+    json conf = plugin;
+    conf["cniVersion"] = list["cniVersion"];
+    conf["name"] = list["name"];
+    if (!prevResult.is_null()) conf["prevResult"] = prevResult;
+    return invoke(pluginPath(plugin["type"]), command, p, conf.dump());
+  }
+
+  /// ADD: every plugin in order, each one's result the next one's
+  /// prevResult; stops at the first failure.
+  ChainOutcome add(const json& list, const CniParams& p) const {
+    ChainOutcome o;
+    json prev;
+    for (const auto& plugin : list["plugins"]) {
+      auto r = invokePlugin(list, plugin, "ADD", p, prev);
+      o.runs.push_back({plugin["type"], r});
+      if (r.exitCode != 0) {
+        o.error = json::parse(r.out, nullptr, false);
+        return o;
+      }
+      prev = json::parse(r.out, nullptr, false);
+    }
+    o.ok = true;
+    o.result = prev;
+    return o;
+  }
+
+  /// CHECK (forward) or DEL (reverse), each plugin given the cached ADD
+  /// result (null: none, as after a failed ADD).
+  ChainOutcome checkOrDel(const json& list, const CniParams& p, const std::string& command, const json& cached) const {
+    ChainOutcome o;
+    std::vector<json> plugins(list["plugins"].begin(), list["plugins"].end());
+    if (command == "DEL") std::reverse(plugins.begin(), plugins.end());
+    for (const auto& plugin : plugins) {
+      auto r = invokePlugin(list, plugin, command, p, cached);
+      o.runs.push_back({plugin["type"], r});
+      if (r.exitCode != 0) {
+        o.error = json::parse(r.out, nullptr, false);
+        return o;
+      }
+    }
+    o.ok = true;
+    return o;
+  }
+
+ private:
+  const TestNetns& node_;
+  std::string binDir_;
+  std::string scratch_;
+};
+
+/// A CNI error as a runtime reads it: exit status non-zero, the error JSON
+/// on stdout with the expected code, a readable message, and the plugin's
+/// log on stderr.
+void expectCniError(const CommandResult& r, int code, const std::string& msgPart) {
+  EXPECT_NE(r.exitCode, 0) << r.describe();
+  auto j = json::parse(r.out, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "stdout is not one JSON object: " << r.describe();
+  EXPECT_TRUE(j["cniVersion"].is_string()) << r.out;
+  EXPECT_EQ(j["code"], code) << r.out;
+  ASSERT_TRUE(j["msg"].is_string()) << r.out;
+  EXPECT_NE(j["msg"].get<std::string>().find(msgPart), std::string::npos) << "msg: " << j["msg"];
+  EXPECT_NE(r.err.find(j["msg"].get<std::string>()), std::string::npos) << "stderr: " << r.err;
+}
+
+// ---- the fixture -----------------------------------------------------------------
+
+class Cni : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
+    for (const char* p : {"bridge", "host-local"})
+      if (!pathExists(std::string(kSystemCniDir) + "/" + p))
+        GTEST_SKIP() << kSystemCniDir << "/" << p << " missing: install containernetworking-plugins";
+    ASSERT_TRUE(pathExists(builtBinary("sluice-cni"))) << "sluice-cni not built";
+    ASSERT_TRUE(pathExists(builtBinary("sluiced"))) << "sluiced not built";
+    ASSERT_TRUE(node_.ok()) << node_.error();
+    ASSERT_TRUE(pod_.ok()) << pod_.error();
+    ASSERT_FALSE(work_.path().empty());
+    for (const char* d : {"net.d", "bin", "ipam"}) ASSERT_TRUE(fs::create_directory(work_.file(d)));
+    n_ = gCounter++ % 250;
+    subnetPrefix_ = "10.231." + std::to_string(n_) + ".";
+    bridge_ = "slbr" + std::to_string(::getpid() % 100000) + "-" + std::to_string(n_);
+    network_ = "sluice-test-" + std::to_string(::getpid()) + "-" + std::to_string(n_);
+    // 64 characters like a runtime's container ids: longer than a pod id
+    // may be, so sluice-cni's hashed form is what gets enrolled.
+    params_.containerId = "c" + std::to_string(::getpid()) + "x" + std::to_string(n_) + "x";
+    params_.containerId += std::string(64 - params_.containerId.size(), 'f');
+    params_.netns = pod_.path();
+    params_.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-" + std::to_string(n_);
+    podId_ = cni::podIdForContainer(params_.containerId);
+    installConflist();
+  }
+
+  void TearDown() override {
+    // Take the pod out while the agent still runs; then the agent stops.
+    if (agent_) {
+      if (auto c = agent_->client(); c.ok()) (void)c->removePod(podId_);
+      agent_.reset();
+    }
+  }
+
+  /// The primary conflist (bridge + host-local), then `sluice-cni install`
+  /// into it, the way the DaemonSet's init container does.
+  void installConflist(const json& sluiceOptions = json::object()) {
+    json list = {{"cniVersion", "1.0.0"},
+                 {"name", network_},
+                 {"plugins",
+                  {{{"type", "bridge"},
+                    {"bridge", bridge_},
+                    {"isGateway", true},
+                    {"isDefaultGateway", true},
+                    {"ipMasq", false},
+                    {"ipam",
+                     {{"type", "host-local"},
+                      {"dataDir", work_.file("ipam")},
+                      {"ranges", {{{{"subnet", subnetPrefix_ + "0/24"}}}}}}}}}}};
+    ASSERT_TRUE(writeTextFile(work_.file("net.d/10-test.conflist"), list.dump(2)));
+    auto r = runCommand({builtBinary("sluice-cni"), "install", "--cni-conf-dir", work_.file("net.d"), "--cni-bin-dir",
+                         work_.file("bin"), "--agent-socket", socket()});
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    list_ = json::parse(readTextFile(work_.file("net.d/10-test.conflist")));
+    ASSERT_EQ(list_["plugins"].size(), 2u) << list_;
+    ASSERT_EQ(list_["plugins"][1]["type"], "sluice-cni") << list_;
+    for (const auto& [k, v] : sluiceOptions.items()) list_["plugins"][1][k] = v;
+  }
+
+  std::string socket() const { return work_.file("agent.sock"); }
+  std::string podIp() const { return subnetPrefix_ + "2"; }
+  std::string gatewayIp() const { return subnetPrefix_ + "1"; }
+
+  void startAgent() {
+    auto a = NodeAgent::start(node_, bpffs_.root(), socket(), work_.file("sluiced.log"));
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    agent_ = std::move(*a);
+  }
+
+  agent::Client client() {
+    auto c = agent_->client();
+    EXPECT_TRUE(c.ok()) << c.error().message;
+    return std::move(*c);
+  }
+
+  std::vector<PodInfo> listPods() {
+    auto pods = client().listPods();
+    EXPECT_TRUE(pods.ok()) << pods.error().message;
+    return pods.ok() ? *pods : std::vector<PodInfo>{};
+  }
+
+  /// Nothing of the pod in the agent's list, the pinned maps, the link pins
+  /// or (while it exists) the pod netns.
+  void expectNoPodState() {
+    for (const auto& p : listPods()) EXPECT_NE(p.id, podId_) << "pod still listed";
+    expectNoPinnedPodState();
+  }
+
+  /// The pinned state alone (works without a running agent).
+  void expectNoPinnedPodState() {
+    EXPECT_FALSE(pathExists(bpffs_.linkDir(podId_))) << bpffs_.linkDir(podId_) << " still exists";
+    if (pathExists(bpffs_.root() + "/pods")) {
+      DatapathOptions o;
+      o.bpffsRoot = bpffs_.root();
+      auto dp = Datapath::open(o);
+      ASSERT_TRUE(dp.ok()) << dp.error().message;
+      auto& m = (*dp)->programs();
+      EXPECT_TRUE(m.pods.keys().empty()) << "pods map not empty";
+      EXPECT_TRUE(m.podConfig.keys().empty()) << "pod_config not empty";
+      EXPECT_TRUE(m.podAddrs.keys().empty()) << "pod_addrs not empty";
+    }
+    if (pod_.ok() && pathExists(pod_.path())) {
+      EXPECT_EQ(pod_.ip("-4 rule show").out.find("fwmark 0x111"), std::string::npos) << pod_.ip("-4 rule show").out;
+      EXPECT_EQ(pod_.ip("-4 route show table 100").out, "");
+      EXPECT_EQ(sh("tc -n " + pod_.name() + " filter show dev eth0 ingress").out, "");
+      EXPECT_EQ(sh("tc -n " + pod_.name() + " filter show dev eth0 egress").out, "");
+      EXPECT_EQ(sh("tc -n " + pod_.name() + " qdisc show dev eth0").out.find("clsact"), std::string::npos);
+    }
+  }
+
+  // Destroyed in reverse: the agent first, then the namespaces (with the
+  // bridge and veths), the scratch dirs, and last the bpffs root.
+  TestBpffs bpffs_;
+  TempDir work_{"cni"};
+  TestNetns node_{"cninode"};
+  TestNetns pod_{"cnipod"};
+  std::unique_ptr<NodeAgent> agent_;
+
+  int n_ = 0;
+  std::string subnetPrefix_, bridge_, network_, podId_;
+  CniParams params_;
+  json list_;
+};
+
+class CniMode : public Cni, public ::testing::WithParamInterface<std::string> {};
+
+// The whole life of a pod: bridge + host-local + sluice-cni ADD, the pod is
+// redirected (outbound TCP reaches the stand-in with its original
+// destination; a node-local probe arrives from 169.254.7.127), CHECK passes
+// and catches damage, DEL (reverse order) cleans everything, twice.
+TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
+  list_["plugins"][1]["tcMode"] = GetParam();
+  startAgent();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+
+  auto add = rt.add(list_, params_);
+  ASSERT_TRUE(add.ok) << add.describe();
+  ASSERT_EQ(add.runs.size(), 2u);
+  // sluice-cni returns the bridge's result unchanged.
+  EXPECT_EQ(add.result, json::parse(add.runs[0].result.out)) << add.describe();
+  ASSERT_EQ(add.result["ips"].size(), 1u) << add.result;
+  EXPECT_EQ(add.result["ips"][0]["address"], podIp() + "/24");
+  EXPECT_NE(add.runs[1].result.err.find("enrolled pod " + podId_ + " (default/web-"), std::string::npos)
+      << add.runs[1].result.err;
+
+  // Enrolled as asked: the container's pod id, the pod's address from
+  // prevResult, the bridge port found as its host-side veth.
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].id, podId_);
+  EXPECT_EQ(pods[0].netnsPath, pod_.path());
+  EXPECT_EQ(pods[0].tcMode, GetParam());
+  EXPECT_EQ(pods[0].interfaces, std::vector<std::string>{"eth0"});
+  EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});
+  EXPECT_EQ(pods[0].hostIface.rfind("veth", 0), 0u) << pods[0].hostIface;
+
+  // Rule 1: outbound TCP goes to the proxy, which sees the original
+  // destination and relays it on.
+  StandInConfig cfg;
+  cfg.netnsPath = pod_.path();
+  auto standIn = ProxyStandIn::start(cfg);
+  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
+  auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  const Endpoint dst = Endpoint::of(gatewayIp(), (*server)->port());
+  {
+    auto conn = tcpConnect(pod_, dst);
+    ASSERT_TRUE(conn.ok()) << conn.error().message;
+    auto echo = echoRoundTrip(conn->get(), "through the proxy");
+    ASSERT_TRUE(echo.ok()) << echo.error().message;
+    EXPECT_EQ(*echo, "through the proxy");
+  }
+  ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
+  auto ev = (*standIn)->events();
+  EXPECT_EQ(ev[0].listener, "outbound") << describe(ev);
+  EXPECT_EQ(ev[0].origDst, dst.str()) << describe(ev);
+  EXPECT_EQ(ev[0].detail, "upstream ok") << describe(ev);
+
+  // Rule 10: a connection from a node-local socket to the pod arrives from
+  // the probe address (host_egress on the bridge port).
+  auto app = TcpServer::start(pod_, Endpoint::of(podIp(), 0));
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  {
+    auto probe = tcpConnect(node_, Endpoint::of(podIp(), (*app)->port()));
+    ASSERT_TRUE(probe.ok()) << probe.error().message;
+    auto echo = echoRoundTrip(probe->get(), "probe");
+    ASSERT_TRUE(echo.ok()) << echo.error().message;
+  }
+  ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout));
+  EXPECT_EQ((*app)->peers()[0].ip(), PodTopology::kProbeV4);
+
+  // CHECK passes while intact; damage (the policy rule gone) is reported.
+  auto check = rt.checkOrDel(list_, params_, "CHECK", add.result);
+  EXPECT_TRUE(check.ok) << check.describe();
+  ASSERT_EQ(pod_.ip("-4 rule del pref 32764").exitCode, 0);
+  check = rt.checkOrDel(list_, params_, "CHECK", add.result);
+  ASSERT_FALSE(check.ok) << check.describe();
+  ASSERT_EQ(check.runs.back().type, "sluice-cni");
+  expectCniError(check.runs.back().result, cni::kCniDamaged, "is enrolled but its redirection is damaged");
+  ASSERT_TRUE(check.error["details"].is_string()) << check.error;
+  const std::string details = check.error["details"];
+  EXPECT_FALSE(details.empty());
+  EXPECT_TRUE(check.error["msg"].get<std::string>().ends_with(": " + details)) << check.error;
+
+  // DEL as the runtime runs the chain, in reverse: sluice-cni first. The
+  // pod is back to plain networking at once (the stand-in, still
+  // listening, sees nothing; the server sees the pod itself) ...
+  auto delSluice = rt.invokePlugin(list_, list_["plugins"][1], "DEL", params_, add.result);
+  ASSERT_EQ(delSluice.exitCode, 0) << delSluice.describe();
+  EXPECT_EQ(delSluice.out, "");
+  {
+    auto conn = tcpConnect(pod_, dst);
+    ASSERT_TRUE(conn.ok()) << conn.error().message;
+    auto echo = echoRoundTrip(conn->get(), "direct");
+    ASSERT_TRUE(echo.ok()) << echo.error().message;
+  }
+  ASSERT_TRUE((*server)->waitForAccepts(2, kIoTimeout));
+  EXPECT_EQ((*server)->peers().back().ip(), podIp());
+  EXPECT_EQ((*standIn)->events().size(), 1u) << describe((*standIn)->events());
+  (*standIn)->stop();
+  // ... then the bridge releases the address and the veth.
+  auto delBridge = rt.invokePlugin(list_, list_["plugins"][0], "DEL", params_, add.result);
+  ASSERT_EQ(delBridge.exitCode, 0) << delBridge.describe();
+  expectNoPodState();
+  EXPECT_FALSE(pathExists(work_.file("ipam/" + network_ + "/" + podIp()))) << "host-local kept the address";
+  EXPECT_EQ(node_.ip("link show " + pods[0].hostIface).exitCode, 1) << "host veth still there";
+
+  // DEL again, and CHECK now says the pod is not enrolled.
+  auto del = rt.checkOrDel(list_, params_, "DEL", add.result);
+  EXPECT_TRUE(del.ok) << del.describe();
+  auto check2 = rt.invokePlugin(list_, list_["plugins"][1], "CHECK", params_, add.result);
+  expectCniError(check2, cni::kCniNotEnrolled, "is not enrolled in sluice");
+}
+
+INSTANTIATE_TEST_SUITE_P(All, CniMode, ::testing::Values("tcx", "legacy"),
+                         [](const auto& info) { return info.param; });
+
+// DEL of a container sluice-cni never saw, with and without a netns.
+TEST_F(Cni, DelOfAnUnknownContainerSucceeds) {
+  startAgent();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  CniParams unknown = params_;
+  unknown.containerId = "never-added-" + std::to_string(::getpid());
+  auto r = rt.invokePlugin(list_, list_["plugins"][1], "DEL", unknown, json());
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("was not enrolled; nothing to remove"), std::string::npos) << r.err;
+  unknown.netns.clear();
+  r = rt.invokePlugin(list_, list_["plugins"][1], "DEL", unknown, json());
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_TRUE(listPods().empty());
+}
+
+// The runtime deletes the netns before (or instead of) a clean DEL: DEL
+// still succeeds and the agent removes everything of the pod. The network
+// is an older spec version (0.4.0), whose results sluice-cni reads too.
+TEST_F(Cni, DelAfterTheNetnsIsGoneCleansUp) {
+  startAgent();
+  list_["cniVersion"] = "0.4.0";
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  auto add = rt.add(list_, params_);
+  ASSERT_TRUE(add.ok) << add.describe();
+  EXPECT_EQ(add.result["cniVersion"], "0.4.0") << add.result;
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});
+  pod_.remove();
+  auto del = rt.checkOrDel(list_, params_, "DEL", add.result);
+  ASSERT_TRUE(del.ok) << del.describe();
+  expectNoPodState();
+}
+
+// Fail closed: with the agent down, ADD is a CNI error ("try again later")
+// and enrolls nothing; the runtime's clean-up DEL of the chain succeeds.
+TEST_F(Cni, AddWithTheAgentDownFailsClosedAndLeavesNothing) {
+  startAgent();
+  ASSERT_EQ(agent_->stop(), 0) << agent_->log();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  auto add = rt.add(list_, params_);
+  ASSERT_FALSE(add.ok) << add.describe();
+  ASSERT_EQ(add.runs.size(), 2u) << add.describe();
+  expectCniError(add.runs[1].result, cni::kCniTryAgainLater, "the sluice agent is not running");
+  EXPECT_NE(add.error["msg"].get<std::string>().find("not started (fail closed)"), std::string::npos) << add.error;
+  expectNoPinnedPodState();
+
+  // What containerd does after a failed ADD.
+  auto del = rt.checkOrDel(list_, params_, "DEL", json());
+  EXPECT_TRUE(del.ok) << del.describe();
+  EXPECT_NE(del.runs[0].result.err.find("left for the agent's reconciliation"), std::string::npos)
+      << del.runs[0].result.err;
+  expectNoPinnedPodState();
+}
+
+// Bad input through the binary: each a CNI error with its code and a
+// readable message; nothing enrolled, the agent unharmed.
+TEST_F(Cni, BadInputIsACniErrorAndChangesNothing) {
+  startAgent();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  const std::string plugin = rt.pluginPath("sluice-cni");
+  // The bridge's result, as the runtime would pass it on.
+  auto bridgeAdd = rt.invokePlugin(list_, list_["plugins"][0], "ADD", params_, json());
+  ASSERT_EQ(bridgeAdd.exitCode, 0) << bridgeAdd.describe();
+  const json prev = json::parse(bridgeAdd.out);
+  json conf = list_["plugins"][1];
+  conf["cniVersion"] = "1.0.0";
+  conf["name"] = network_;
+  conf["prevResult"] = prev;
+
+  expectCniError(rt.invoke(plugin, "ADD", params_, "{\"cniVersion\": \"1.0.0\", oops"), cni::kCniDecodeFailure,
+                 "not valid JSON");
+  expectCniError(rt.invoke(plugin, "ADD", params_, ""), cni::kCniDecodeFailure, "no network configuration on stdin");
+
+  CniParams noNetns = params_;
+  noNetns.netns.clear();
+  expectCniError(rt.invoke(plugin, "ADD", noNetns, conf.dump()), cni::kCniInvalidEnvironment,
+                 "CNI_NETNS is not set (required for ADD)");
+  CniParams noId = params_;
+  noId.containerId.clear();
+  expectCniError(rt.invoke(plugin, "ADD", noId, conf.dump()), cni::kCniInvalidEnvironment,
+                 "CNI_CONTAINERID is not set");
+  expectCniError(rt.invoke(plugin, "REBOOT", params_, conf.dump()), cni::kCniInvalidEnvironment,
+                 "unknown CNI_COMMAND 'REBOOT'");
+
+  json v = conf;
+  v["cniVersion"] = "9.9.9";
+  expectCniError(rt.invoke(plugin, "ADD", params_, v.dump()), cni::kCniIncompatibleVersion,
+                 "cniVersion 9.9.9 is not supported by sluice-cni");
+
+  CniParams gone = params_;
+  gone.netns = "/run/netns/sluice-cni-gone-" + std::to_string(::getpid());
+  expectCniError(rt.invoke(plugin, "ADD", gone, conf.dump()), cni::kCniUnknownContainer,
+                 "network namespace " + gone.netns + " does not exist");
+
+  // A path that exists but is no netns: the agent's refusal, passed on.
+  CniParams notNetns = params_;
+  notNetns.netns = work_.file("net.d/10-test.conflist");
+  expectCniError(rt.invoke(plugin, "ADD", notNetns, conf.dump()), cni::kCniAgentFailed,
+                 "sluice agent could not enroll pod " + podId_);
+
+  json bad = conf;
+  bad["tcMode"] = "xdp";
+  expectCniError(rt.invoke(plugin, "ADD", params_, bad.dump()), cni::kCniInvalidConfig,
+                 "'tcMode' must be auto, tcx or legacy");
+  bad = conf;
+  bad.erase("prevResult");
+  expectCniError(rt.invoke(plugin, "ADD", params_, bad.dump()), cni::kCniInvalidConfig, "prevResult is missing");
+  bad = conf;
+  bad["prevResult"]["ips"][0]["address"] = "10.0.0.300/24";
+  expectCniError(rt.invoke(plugin, "ADD", params_, bad.dump()), cni::kCniInvalidConfig,
+                 "is not an IP address in CIDR form");
+
+  // Nothing got enrolled and the agent still answers.
+  EXPECT_TRUE(listPods().empty());
+  expectNoPinnedPodState();
+  auto h = client().health();
+  ASSERT_TRUE(h.ok()) << h.error().message;
+
+  // The same ADD, well-formed, works afterwards; two at once (a runtime
+  // retrying) enroll the pod once.
+  std::vector<CommandResult> results(2);
+  {
+    std::thread t([&] { results[0] = rt.invoke(plugin, "ADD", params_, conf.dump()); });
+    results[1] = rt.invoke(plugin, "ADD", params_, conf.dump());
+    t.join();
+  }
+  for (const auto& r : results) {
+    EXPECT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_EQ(json::parse(r.out, nullptr, false), prev) << r.out;
+  }
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].id, podId_);
+  auto del = rt.checkOrDel(list_, params_, "DEL", prev);
+  EXPECT_TRUE(del.ok) << del.describe();
+  expectNoPodState();
+}
+
+// VERSION and --help through the built binary.
+TEST_F(Cni, VersionAndHelp) {
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  auto r = rt.invoke(rt.pluginPath("sluice-cni"), "VERSION", params_, R"({"cniVersion":"1.0.0"})");
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  auto j = json::parse(r.out, nullptr, false);
+  EXPECT_EQ(j["cniVersion"], "1.0.0") << r.out;
+  EXPECT_EQ(j["supportedVersions"], json({"0.3.0", "0.3.1", "0.4.0", "1.0.0"})) << r.out;
+  auto help = runCommand({rt.pluginPath("sluice-cni"), "--help"});
+  EXPECT_EQ(help.exitCode, 0) << help.describe();
+  EXPECT_NE(help.out.find("chained CNI plugin"), std::string::npos) << help.out;
+}
+
+}  // namespace
+}  // namespace sluice::test

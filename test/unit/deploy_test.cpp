@@ -1,0 +1,160 @@
+// deploy/: the DaemonSet manifest has what sluiced and the CNI install step
+// need on a node (parsed with Debian's python3-yaml, checked here), and the
+// Dockerfile builds and ships the binaries the manifest runs.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include <algorithm>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "test/common/tempdir.h"
+#include "test/common/topology.h"
+
+namespace sluice::test {
+namespace {
+
+using nlohmann::json;
+
+const std::string kDeployDir = std::string(SLUICE_SOURCE_DIR) + "/deploy";
+
+/// Every YAML document of @p path as JSON (python3 -c with yaml.safe_load_all).
+json loadYaml(const std::string& path) {
+  auto r = runCommand({"/usr/bin/python3", "-c",
+                       "import json, sys, yaml\n"
+                       "json.dump(list(yaml.safe_load_all(open(sys.argv[1]))), sys.stdout)\n",
+                       path});
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  return json::parse(r.out, nullptr, false);
+}
+
+class DeployManifest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::access("/usr/bin/python3", X_OK) != 0) GTEST_SKIP() << "needs /usr/bin/python3 with python3-yaml";
+    docs_ = loadYaml(kDeployDir + "/daemonset.yaml");
+    ASSERT_TRUE(docs_.is_array()) << "daemonset.yaml did not parse";
+    for (const auto& d : docs_) {
+      ASSERT_TRUE(d.is_object() && d.contains("kind")) << d;
+      if (d["kind"] == "DaemonSet") ds_ = d;
+    }
+    ASSERT_TRUE(ds_.is_object()) << "no DaemonSet in daemonset.yaml";
+    pod_ = ds_["spec"]["template"]["spec"];
+  }
+
+  const json& container(const std::string& listKey, const std::string& name) const {
+    static const json none;
+    for (const auto& c : pod_[listKey])
+      if (c["name"] == name) return c;
+    ADD_FAILURE() << "no " << listKey << " entry named " << name;
+    return none;
+  }
+
+  /// hostPath of the volume mounted at @p mountPath in container @p c.
+  std::string hostPathAt(const json& c, const std::string& mountPath, std::string* propagation = nullptr) const {
+    for (const auto& m : c["volumeMounts"]) {
+      if (m["mountPath"] != mountPath) continue;
+      if (propagation) *propagation = m.value("mountPropagation", "");
+      for (const auto& v : pod_["volumes"])
+        if (v["name"] == m["name"] && v.contains("hostPath")) return v["hostPath"]["path"];
+    }
+    return "";
+  }
+
+  json docs_;
+  json ds_;
+  json pod_;
+};
+
+TEST_F(DeployManifest, NamespaceServiceAccountAndDaemonSet) {
+  std::map<std::string, std::string> kinds;
+  for (const auto& d : docs_) kinds[d["kind"]] = d["metadata"]["name"];
+  EXPECT_EQ(kinds["Namespace"], "sluice-system");
+  EXPECT_EQ(kinds["ServiceAccount"], "sluice");
+  EXPECT_EQ(ds_["apiVersion"], "apps/v1");
+  EXPECT_EQ(ds_["metadata"]["namespace"], "sluice-system");
+  EXPECT_EQ(pod_["serviceAccountName"], "sluice");
+  // The selector must match the template's labels or the API refuses it.
+  for (const auto& [k, v] : ds_["spec"]["selector"]["matchLabels"].items())
+    EXPECT_EQ(ds_["spec"]["template"]["metadata"]["labels"][k], v) << k;
+}
+
+TEST_F(DeployManifest, PrivilegedOnTheHostNetwork) {
+  EXPECT_EQ(pod_["hostNetwork"], true);
+  EXPECT_EQ(pod_["hostPID"], true) << "/proc/PID/ns/net netns paths resolve through the host PID namespace";
+  EXPECT_EQ(pod_["dnsPolicy"], "ClusterFirstWithHostNet");
+  const auto& agent = container("containers", "sluiced");
+  EXPECT_EQ(agent["securityContext"]["privileged"], true);
+  bool tolerateAll = false;
+  for (const auto& t : pod_["tolerations"]) tolerateAll |= t == json{{"operator", "Exists"}};
+  EXPECT_TRUE(tolerateAll) << "must run on every node, tainted or not";
+}
+
+TEST_F(DeployManifest, AgentImageArgsAndReadiness) {
+  const auto& agent = container("containers", "sluiced");
+  const std::string image = agent["image"];
+  EXPECT_EQ(image, "sluice/sluice:0.1.0");
+  EXPECT_EQ(agent["command"], json({"/usr/local/bin/sluiced"}));
+  std::vector<std::string> args = agent["args"];
+  auto flag = [&](const std::string& f) -> std::string {
+    auto it = std::find(args.begin(), args.end(), f);
+    return it == args.end() || it + 1 == args.end() ? "<missing>" : *(it + 1);
+  };
+  EXPECT_EQ(flag("--bpffs"), "/sys/fs/bpf/sluice");
+  EXPECT_EQ(flag("--socket"), "/var/run/sluice/agent.sock");
+  EXPECT_EQ(flag("--log-format"), "json");
+  EXPECT_EQ(flag("--metrics-address"), "127.0.0.1:9464");
+  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
+    const auto& get = agent[probe]["httpGet"];
+    EXPECT_EQ(get["host"], "127.0.0.1") << probe;
+    EXPECT_EQ(get["port"], 9464) << probe;
+    EXPECT_EQ(get["path"], "/healthz") << probe;
+  }
+  // The flags the manifest passes are ones sluiced knows.
+  auto help = runCommand({builtBinary("sluiced"), "--help"});
+  ASSERT_EQ(help.exitCode, 0) << help.describe();
+  for (const auto& a : args) {
+    if (a.rfind("--", 0) == 0) EXPECT_NE(help.out.find(a), std::string::npos) << a << " is not a sluiced flag";
+  }
+}
+
+TEST_F(DeployManifest, EveryHostPathTheAgentNeeds) {
+  const auto& agent = container("containers", "sluiced");
+  std::string prop;
+  EXPECT_EQ(hostPathAt(agent, "/sys/fs/bpf", &prop), "/sys/fs/bpf");
+  EXPECT_EQ(prop, "Bidirectional") << "pins must land in the host's bpffs";
+  EXPECT_EQ(hostPathAt(agent, "/var/run/netns", &prop), "/var/run/netns");
+  EXPECT_EQ(prop, "HostToContainer") << "netns files created later must show up";
+  EXPECT_EQ(hostPathAt(agent, "/var/run/sluice"), "/var/run/sluice") << "sluice-cni on the host connects here";
+  EXPECT_EQ(hostPathAt(agent, "/host/opt/cni/bin"), "/opt/cni/bin");
+  EXPECT_EQ(hostPathAt(agent, "/host/etc/cni/net.d"), "/etc/cni/net.d");
+}
+
+TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
+  const auto& init = container("initContainers", "install-cni");
+  EXPECT_EQ(init["image"], container("containers", "sluiced")["image"]);
+  EXPECT_EQ(init["command"], json({"/usr/local/bin/sluice-cni", "install", "--cni-conf-dir", "/host/etc/cni/net.d",
+                                   "--cni-bin-dir", "/host/opt/cni/bin", "--agent-socket",
+                                   "/var/run/sluice/agent.sock"}));
+  EXPECT_EQ(hostPathAt(init, "/host/opt/cni/bin"), "/opt/cni/bin");
+  EXPECT_EQ(hostPathAt(init, "/host/etc/cni/net.d"), "/etc/cni/net.d");
+  // The socket it writes into the chain is the one the agent serves.
+  const auto& agentArgs = container("containers", "sluiced")["args"];
+  EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), init["command"].back()), agentArgs.end());
+}
+
+TEST(DeployDockerfile, MultiStageOnBookwormShippingTheBinaries) {
+  const std::string df = readTextFile(kDeployDir + "/Dockerfile");
+  ASSERT_FALSE(df.empty());
+  EXPECT_NE(df.find("FROM debian:bookworm AS build"), std::string::npos);
+  EXPECT_NE(df.find("FROM debian:bookworm-slim"), std::string::npos);
+  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9"})
+    EXPECT_NE(df.find(lib), std::string::npos) << lib;
+  EXPECT_NE(df.find("COPY --from=build /build/sluiced /build/sluice-cni /build/sluicectl /usr/local/bin/"),
+            std::string::npos);
+}
+
+}  // namespace
+}  // namespace sluice::test
