@@ -27,6 +27,7 @@ CTL=(./build/sluicectl --bpffs "$ROOT")
 PIDS=()
 PEER="python3 $(pwd)/scripts/demo_peer.py"
 
+MOUNTED_BPFFS=0
 cleanup() {
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
@@ -35,8 +36,14 @@ cleanup() {
   ip netns del "$POD" 2>/dev/null || true
   ip netns del "$REMOTE" 2>/dev/null || true
   rm -rf "$ROOT" "$EVENTS"
+  # A bpffs the demo mounted goes again (the kernel's maps.debug/progs.debug with it).
+  if [ "$MOUNTED_BPFFS" = 1 ]; then umount /sys/fs/bpf 2>/dev/null || true; fi
 }
 trap cleanup EXIT
+if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
+  mount -t bpf bpf /sys/fs/bpf
+  MOUNTED_BPFFS=1
+fi
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 proxy_saw() {

@@ -11,8 +11,11 @@ fi
 ./scripts/install-deps.sh
 ./scripts/build.sh
 # Fresh nodes often have no bpffs at /sys/fs/bpf; the loader mounts it too,
-# but the bpf tests create their roots before any loader runs.
+# but the bpf tests create their roots before any loader runs. A bpffs we
+# mounted is unmounted again at exit (with it go the kernel's own
+# maps.debug/progs.debug entries that appear on every fresh bpffs).
 if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
   mount -t bpf bpf /sys/fs/bpf
+  trap 'umount /sys/fs/bpf 2>/dev/null || true' EXIT
 fi
 ctest --test-dir build --output-on-failure --timeout 300 -j2 "$@"
