@@ -63,6 +63,15 @@ PolicyRule returnRule(const Settings& s, int family) {
 
 std::string acceptLocalSysctl(const std::string& ifname) { return "net/ipv4/conf/" + ifname + "/accept_local"; }
 
+// accept_local of a link: the link dump reports it; /proc/sys only when it
+// did not.
+Result<int> acceptLocalOf(const LinkInfo& l) {
+  if (l.acceptLocal >= 0) return l.acceptLocal;
+  auto text = readSysctl(acceptLocalSysctl(l.name));
+  SLUICE_TRY(text);
+  return std::stoi(*text);
+}
+
 bool sameConfig(const sluice_pod_config& a, const sluice_pod_config& b) {
   if (a.flags != b.flags || a.reroute_count != b.reroute_count) return false;
   for (uint32_t i = 0; i < a.reroute_count && i < SLUICE_MAX_REROUTE_IFACES; i++)
@@ -373,13 +382,9 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
       copyString(slot.name, sizeof(slot.name), l.name);
       slot.ifindex = l.ifindex;
       slot.accept_local_before = -1;
-      // The link dump reports it; /proc/sys only when it did not.
-      int before = l.acceptLocal;
-      if (before < 0) {
-        auto text = readSysctl(acceptLocalSysctl(l.name));
-        SLUICE_TRY(text);
-        before = std::stoi(*text);
-      }
+      auto current = acceptLocalOf(l);
+      SLUICE_TRY(current);
+      int before = *current;
       if (before != 1) {
         SLUICE_TRY(setAcceptLocal(*nl, l.ifindex, 1));
         slot.accept_local_before = before;
@@ -764,7 +769,9 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
       out.gone = true;  // the path names another netns now
       return {};
     }
-    auto links = listLinks();
+    auto nl = NetlinkSocket::open();
+    SLUICE_TRY(nl);
+    auto links = listLinksOn(*nl);
     SLUICE_TRY(links);
     auto linkOf = [&](int ifindex) -> const LinkInfo* {
       for (const auto& l : *links)
@@ -781,9 +788,9 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
       }
       checkHook({l->ifindex, name, TcHook::Ingress, programs_->ingressFd(), dir + "/" + name + "_ingress"});
       checkHook({l->ifindex, name, TcHook::Egress, programs_->egressFd(), dir + "/" + name + "_egress"});
-      auto al = readSysctl(acceptLocalSysctl(name));
-      if (al.ok() && *al != "1")
-        found("accept_local is off on " + name, [&] { return writeSysctl(acceptLocalSysctl(name), "1"); });
+      auto al = acceptLocalOf(*l);
+      if (al.ok() && *al != 1)
+        found("accept_local is off on " + name, [&] { return setAcceptLocal(*nl, l->ifindex, 1); });
     }
     if (linkOf(static_cast<int>(rec.lo_ifindex)))
       checkHook({static_cast<int>(rec.lo_ifindex), "lo", TcHook::Egress, programs_->loEgressFd(), dir + "/lo_egress"});
