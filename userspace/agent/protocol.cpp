@@ -236,22 +236,6 @@ Result<PodInfo> decodePodInfo(const json& j) {
   return p;
 }
 
-namespace {
-// The counters in wire order; names match `sluicectl stats --json`.
-template <typename S, typename F>
-void eachCounter(S& s, F f) {
-  f("outbound_conns", s.outbound_conns);
-  f("inbound_conns", s.inbound_conns);
-  f("dns_tcp_conns", s.dns_tcp_conns);
-  f("dns_udp_queries", s.dns_udp_queries);
-  f("dns_answers", s.dns_answers);
-  f("owned_pkts", s.owned_pkts);
-  f("passed_pkts", s.passed_pkts);
-  f("dropped_pkts", s.dropped_pkts);
-  f("probe_conns", s.probe_conns);
-}
-}  // namespace
-
 json encodeCounters(const PodCounters& c) {
   json j = {{"id", c.id}};
   eachCounter(c.stats, [&](const char* n, uint64_t v) { j[n] = v; });

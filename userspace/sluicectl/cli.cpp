@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <functional>
 #include <iomanip>
 #include <nlohmann/json.hpp>
 #include <ostream>
@@ -196,14 +197,6 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
 }
 
 std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
-  auto fields = [](const sluice_pod_stats& s) {
-    return std::vector<std::pair<const char*, uint64_t>>{
-        {"outbound_conns", s.outbound_conns}, {"inbound_conns", s.inbound_conns},
-        {"dns_tcp_conns", s.dns_tcp_conns},   {"dns_udp_queries", s.dns_udp_queries},
-        {"dns_answers", s.dns_answers},       {"owned_pkts", s.owned_pkts},
-        {"passed_pkts", s.passed_pkts},       {"dropped_pkts", s.dropped_pkts},
-        {"probe_conns", s.probe_conns}};
-  };
   if (json) {
     auto arr = nlohmann::json::array();
     for (const auto& c : stats) arr.push_back(agent::encodeCounters(c));
@@ -211,11 +204,12 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
   }
   std::ostringstream o;
   o << std::left << std::setw(24) << "ID";
-  for (const auto& [k, v] : fields(sluice_pod_stats{})) o << std::right << std::setw(16) << k;
+  const sluice_pod_stats header{};
+  agent::eachCounter(header, [&](const char* k, uint64_t) { o << std::right << std::setw(16) << k; });
   o << "\n";
   for (const auto& c : stats) {
     o << std::left << std::setw(24) << c.id;
-    for (const auto& [k, v] : fields(c.stats)) o << std::right << std::setw(16) << v;
+    agent::eachCounter(c.stats, [&](const char*, uint64_t v) { o << std::right << std::setw(16) << v; });
     o << "\n";
   }
   return o.str();
@@ -230,41 +224,78 @@ std::string formatError(const Error& e) {
 
 namespace {
 
-int runViaAgent(const Command& cmd, agent::Client& client, std::ostream& out, std::ostream& err) {
+// What the pod commands need, served by the agent or by the pinned state
+// directly; one place turns results into output.
+struct Backend {
+  std::function<Result<PodInfo>(const PodSpec&)> add;
+  std::function<Result<std::string>(const Command&)> remove;  ///< by --id or --netns; the id removed
+  std::function<Result<std::vector<PodInfo>>()> list;
+  std::function<Result<std::vector<PodCounters>>(const std::optional<std::string>&)> stats;
+};
+
+Backend agentBackend(const Command& cmd, agent::Client& client) {
+  return {
+      [&cmd, &client](const PodSpec& spec) {
+        PodSpec s = spec;
+        if (cmd.tcMode != TcMode::Auto) s.tcMode = cmd.tcMode;
+        return client.addPod(s);
+      },
+      [&client](const Command& c) -> Result<std::string> {
+        if (!c.id) return client.removePodByNetns(c.pod.netnsPath);
+        SLUICE_TRY(client.removePod(*c.id));
+        return *c.id;
+      },
+      [&client] { return client.listPods(); },
+      [&client](const std::optional<std::string>& id) { return client.stats(id); },
+  };
+}
+
+Backend directBackend(Datapath& dp) {
+  return {
+      [&dp](const PodSpec& spec) { return dp.addPod(spec); },
+      [&dp](const Command& c) -> Result<std::string> {
+        std::string id;
+        if (c.id) {
+          id = *c.id;
+        } else {
+          auto found = dp.podIdForNetns(c.pod.netnsPath);
+          SLUICE_TRY(found);
+          id = *found;
+        }
+        SLUICE_TRY(dp.removePod(id));
+        return id;
+      },
+      [&dp]() -> Result<std::vector<PodInfo>> { return dp.listPods(); },
+      [&dp](const std::optional<std::string>& id) { return dp.stats(id); },
+  };
+}
+
+int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostream& err) {
   auto fail = [&err](const Error& e) {
     err << formatError(e);
     return 1;
   };
   switch (cmd.verb) {
     case Verb::PodAdd: {
-      PodSpec spec = cmd.pod;
-      if (cmd.tcMode != TcMode::Auto) spec.tcMode = cmd.tcMode;
-      auto info = client.addPod(spec);
+      auto info = b.add(cmd.pod);
       if (!info.ok()) return fail(info.error());
       out << "pod " << info->id << " enrolled (" << info->tcMode << ")\n";
       return 0;
     }
     case Verb::PodRemove: {
-      std::string id;
-      if (cmd.id) {
-        if (Status st = client.removePod(*cmd.id); !st.ok()) return fail(st.error());
-        id = *cmd.id;
-      } else {
-        auto removed = client.removePodByNetns(cmd.pod.netnsPath);
-        if (!removed.ok()) return fail(removed.error());
-        id = *removed;
-      }
-      out << "pod " << id << " removed\n";
+      auto id = b.remove(cmd);
+      if (!id.ok()) return fail(id.error());
+      out << "pod " << *id << " removed\n";
       return 0;
     }
     case Verb::PodList: {
-      auto pods = client.listPods();
+      auto pods = b.list();
       if (!pods.ok()) return fail(pods.error());
       out << formatPodList(*pods, cmd.json);
       return 0;
     }
     case Verb::Stats: {
-      auto stats = client.stats(cmd.id);
+      auto stats = b.stats(cmd.id);
       if (!stats.ok()) return fail(stats.error());
       out << formatStats(*stats, cmd.json);
       return 0;
@@ -295,7 +326,7 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   auto client = agent::Client::connect(cmd.socketPath);
   if (client.ok()) {
     auto h = client->health();
-    if (h.ok() && h->bpffsRoot == cmd.bpffsRoot) return runViaAgent(cmd, *client, out, err);
+    if (h.ok() && h->bpffsRoot == cmd.bpffsRoot) return execute(cmd, agentBackend(cmd, *client), out, err);
     if (!h.ok()) return fail(h.error());
     spdlog::debug("the agent at {} serves {}, not {}; working directly", cmd.socketPath, h->bpffsRoot, cmd.bpffsRoot);
   } else if (cmd.socketGiven && !agent::noAgent(client.error())) {
@@ -308,40 +339,7 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   opts.tcMode = cmd.tcMode;
   auto dp = Datapath::open(opts);
   if (!dp.ok()) return fail(dp.error());
-
-  switch (cmd.verb) {
-    case Verb::PodAdd: {
-      auto info = (*dp)->addPod(cmd.pod);
-      if (!info.ok()) return fail(info.error());
-      out << "pod " << info->id << " enrolled (" << info->tcMode << ")\n";
-      return 0;
-    }
-    case Verb::PodRemove: {
-      std::string id;
-      if (cmd.id) {
-        id = *cmd.id;
-      } else {
-        auto found = (*dp)->podIdForNetns(cmd.pod.netnsPath);
-        if (!found.ok()) return fail(found.error());
-        id = *found;
-      }
-      if (Status st = (*dp)->removePod(id); !st.ok()) return fail(st.error());
-      out << "pod " << id << " removed\n";
-      return 0;
-    }
-    case Verb::PodList:
-      out << formatPodList((*dp)->listPods(), cmd.json);
-      return 0;
-    case Verb::Stats: {
-      auto stats = (*dp)->stats(cmd.id);
-      if (!stats.ok()) return fail(stats.error());
-      out << formatStats(*stats, cmd.json);
-      return 0;
-    }
-    case Verb::Help:
-      break;
-  }
-  return 0;
+  return execute(cmd, directBackend(**dp), out, err);
 }
 
 int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
