@@ -398,14 +398,13 @@ std::string Agent::handle(const std::string& line) {
 
 std::string Agent::renderMetrics() {
   std::string out = metrics_.render();
-  std::vector<PodCounters> counters;
-  size_t pods = 0;
+  std::vector<PodCounters> counters;  // one per enrolled pod
   {
     std::lock_guard<std::mutex> g(dpMu_);
-    pods = dp_->listPods().size();
     auto stats = dp_->stats(std::nullopt);
     if (stats.ok()) counters = *stats;
   }
+  size_t pods = counters.size();
   metricHeader(out, "sluice_pods_enrolled", "gauge", "Pods enrolled in redirection on this node.");
   out += "sluice_pods_enrolled " + std::to_string(pods) + "\n";
   metricHeader(out, "sluice_pod_redirected_connections_total", "counter",

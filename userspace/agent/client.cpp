@@ -96,35 +96,35 @@ Result<std::string> Client::removePodByNetns(const std::string& netnsPath) {
   return (*res)["id"].get<std::string>();
 }
 
+namespace {
+
+// A result that is an array, each element decoded by `decode`.
+template <typename T>
+Result<std::vector<T>> decodeArray(const Result<json>& res, Result<T> (*decode)(const json&)) {
+  SLUICE_TRY(res);
+  if (!res.value().is_array()) return Error::msg("malformed response from the agent", EPROTO);
+  std::vector<T> out;
+  for (const auto& e : res.value()) {
+    auto item = decode(e);
+    SLUICE_TRY(item);
+    out.push_back(*item);
+  }
+  return out;
+}
+
+}  // namespace
+
 Result<std::vector<PodInfo>> Client::listPods() {
   Request r;
   r.op = Op::List;
-  auto res = call(r);
-  SLUICE_TRY(res);
-  if (!res->is_array()) return Error::msg("malformed response from the agent", EPROTO);
-  std::vector<PodInfo> out;
-  for (const auto& p : *res) {
-    auto info = decodePodInfo(p);
-    SLUICE_TRY(info);
-    out.push_back(*info);
-  }
-  return out;
+  return decodeArray(call(r), decodePodInfo);
 }
 
 Result<std::vector<PodCounters>> Client::stats(const std::optional<std::string>& id) {
   Request r;
   r.op = Op::Stats;
   r.id = id;
-  auto res = call(r);
-  SLUICE_TRY(res);
-  if (!res->is_array()) return Error::msg("malformed response from the agent", EPROTO);
-  std::vector<PodCounters> out;
-  for (const auto& c : *res) {
-    auto counters = decodeCounters(c);
-    SLUICE_TRY(counters);
-    out.push_back(*counters);
-  }
-  return out;
+  return decodeArray(call(r), decodeCounters);
 }
 
 Result<Health> Client::health() {
