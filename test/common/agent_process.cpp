@@ -63,13 +63,18 @@ std::string readFile(const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<AgentProcess>> AgentProcess::start(const std::string& bpffsRoot, std::vector<std::string> extra,
-                                                          std::string socket) {
+                                                          std::string socket, const std::string& netnsPath) {
   std::unique_ptr<AgentProcess> p(new AgentProcess());
   p->ownsSocketName_ = socket.empty();
   p->socket_ = socket.empty() ? uniqueTmp("agent") + ".sock" : socket;
   p->logPath_ = uniqueTmp("agent") + ".log";
-  std::vector<std::string> argv = {builtBinary("sluiced"), "--bpffs", bpffsRoot, "--socket", p->socket_,
-                                   "--metrics-address", "off", "--reconcile-interval", "0", "--log-level", "debug"};
+  std::vector<std::string> argv;
+  if (!netnsPath.empty()) argv = {"/usr/bin/nsenter", "--net=" + netnsPath, "--"};  // execs: same pid
+  for (const std::string& a : {builtBinary("sluiced"), std::string("--bpffs"), bpffsRoot, std::string("--socket"),
+                               p->socket_, std::string("--metrics-address"), std::string("off"),
+                               std::string("--reconcile-interval"), std::string("0"), std::string("--log-level"),
+                               std::string("debug")})
+    argv.push_back(a);
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto pid = spawnWithLog(argv, p->logPath_);
   SLUICE_TRY(pid);

@@ -18,9 +18,10 @@ class AgentProcess {
  public:
   /// Starts build/sluiced --bpffs ROOT --socket SOCKET --metrics-address off
   /// --reconcile-interval 0 EXTRA... and waits until it answers health.
-  /// With an empty socket a unique one under /tmp is used.
+  /// With an empty socket a unique one under /tmp is used. With a
+  /// netnsPath the agent runs in that netns (its node netns), via nsenter.
   static Result<std::unique_ptr<AgentProcess>> start(const std::string& bpffsRoot, std::vector<std::string> extra = {},
-                                                     std::string socket = "");
+                                                     std::string socket = "", const std::string& netnsPath = "");
   ~AgentProcess();
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;

@@ -42,6 +42,7 @@
 
 #include "loader/datapath.h"
 #include "test/common/tempdir.h"
+#include "test/common/agent_process.h"
 #include "test/common/topology.h"
 #include "userspace/agent/client.h"
 #include "userspace/cni/cni.h"
@@ -66,89 +67,6 @@ std::string shellQuote(const std::string& s) {
 }
 
 std::atomic<int> gCounter{0};
-
-// ---- sluiced in the node netns ---------------------------------------------------
-
-/// A sluiced process started inside a test netns (setns in the child before
-/// exec), logging to a file; SIGTERM then SIGKILL and reaped by stop() and
-/// the destructor.
-class NodeAgent {
- public:
-  static Result<std::unique_ptr<NodeAgent>> start(const TestNetns& node, const std::string& bpffsRoot,
-                                                  const std::string& socket, const std::string& logPath) {
-    std::unique_ptr<NodeAgent> a(new NodeAgent());
-    a->socket_ = socket;
-    a->logPath_ = logPath;
-    std::vector<std::string> args = {builtBinary("sluiced"), "--bpffs",       bpffsRoot, "--socket", socket,
-                                     "--metrics-address",    "off",           "--reconcile-interval", "0",
-                                     "--log-level",          "debug"};
-    std::vector<char*> argv;
-    for (auto& s : args) argv.push_back(s.data());
-    argv.push_back(nullptr);
-    Fd ns(::open(node.path().c_str(), O_RDONLY | O_CLOEXEC));
-    if (!ns.valid()) return Error::fromErrno(errno, "open " + node.path());
-    Fd log(::open(logPath.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (!log.valid()) return Error::fromErrno(errno, "open " + logPath);
-    pid_t pid = ::fork();
-    if (pid < 0) return Error::fromErrno(errno, "fork");
-    if (pid == 0) {
-      // The child is single-threaded: it may switch its netns.
-      if (::setns(ns.get(), CLONE_NEWNET) != 0) ::_exit(126);
-      ::dup2(log.get(), 1);
-      ::dup2(log.get(), 2);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) ::dup2(devnull, 0);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      ::execv(argv[0], argv.data());
-      ::_exit(127);
-    }
-    a->pid_ = pid;
-    for (int i = 0; i < 200; i++) {
-      int status = 0;
-      if (::waitpid(pid, &status, WNOHANG) == pid) {
-        a->pid_ = -1;
-        return Error::msg("sluiced exited at start: " + readTextFile(logPath), ECHILD);
-      }
-      auto c = agent::Client::connect(socket, std::chrono::seconds(2));
-      if (c.ok() && c->health().ok()) return a;
-      std::this_thread::sleep_for(50ms);
-    }
-    return Error::msg("sluiced did not answer on " + socket + " within 10 s: " + readTextFile(logPath), ETIMEDOUT);
-  }
-
-  ~NodeAgent() { stop(); }
-  NodeAgent(const NodeAgent&) = delete;
-  NodeAgent& operator=(const NodeAgent&) = delete;
-
-  /// SIGTERM, then SIGKILL after 10 s; the exit status (-1 if not running).
-  int stop() {
-    if (pid_ < 0) return -1;
-    ::kill(pid_, SIGTERM);
-    int status = 0;
-    for (int i = 0; i < 200; i++) {
-      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-        pid_ = -1;
-        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-      }
-      std::this_thread::sleep_for(50ms);
-    }
-    ::kill(pid_, SIGKILL);
-    ::waitpid(pid_, &status, 0);
-    pid_ = -1;
-    return 128 + SIGKILL;
-  }
-
-  Result<agent::Client> client() const { return agent::Client::connect(socket_); }
-  std::string log() const { return readTextFile(logPath_); }
-
- private:
-  NodeAgent() = default;
-  pid_t pid_ = -1;
-  std::string socket_;
-  std::string logPath_;
-};
 
 // ---- a container runtime's side of CNI -------------------------------------------
 
@@ -352,7 +270,7 @@ class Cni : public ::testing::Test {
   std::string gatewayIp() const { return subnetPrefix_ + "1"; }
 
   void startAgent() {
-    auto a = NodeAgent::start(node_, bpffs_.root(), socket(), work_.file("sluiced.log"));
+    auto a = AgentProcess::start(bpffs_.root(), {}, socket(), node_.path());
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
   }
@@ -404,7 +322,7 @@ class Cni : public ::testing::Test {
   TempDir work_{"cni"};
   TestNetns node_{"cninode"};
   TestNetns pod_{"cnipod"};
-  std::unique_ptr<NodeAgent> agent_;
+  std::unique_ptr<AgentProcess> agent_;
 
   int n_ = 0;
   std::string subnetPrefix_, bridge_, network_, podId_;
@@ -564,7 +482,7 @@ TEST_F(Cni, DelAfterTheNetnsIsGoneCleansUp) {
 // and enrolls nothing; the runtime's clean-up DEL of the chain succeeds.
 TEST_F(Cni, AddWithTheAgentDownFailsClosedAndLeavesNothing) {
   startAgent();
-  ASSERT_EQ(agent_->stop(), 0) << agent_->log();
+  ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
   CniRuntime rt(node_, work_.file("bin"), work_.path());
   auto add = rt.add(list_, params_);
   ASSERT_FALSE(add.ok) << add.describe();
