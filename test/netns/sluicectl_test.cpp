@@ -89,7 +89,7 @@ TEST_P(SluicectlMode, AddListStatsRemove) {
 
   // Traffic through the pod enrolled by the CLI goes to the stand-in.
   {
-    StandInConfig cfg;
+    StandInConfig cfg = testStandInConfig();
     cfg.netnsPath = topo.pod().path();
     auto standIn = ProxyStandIn::start(cfg);
     ASSERT_TRUE(standIn.ok()) << standIn.error().message;
