@@ -934,7 +934,7 @@ TEST_F(StandIn, StartFailsWhenAPortIsInUseAndClosesWhatItOpened) {
   ASSERT_EQ(::bind(squatter.get(), any.raw(), any.len), 0);
   ASSERT_EQ(::listen(squatter.get(), 1), 0);
 
-  size_t threadsBefore = threadCount();
+  size_t threadsBefore = threadCountSettled(1);  // an earlier test's thread may not be reaped yet
   auto r = ProxyStandIn::start(config());
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message, "inbound listener [::]:15006: bind: Address already in use");
@@ -1008,7 +1008,7 @@ TEST_F(StandIn, StopIsPromptClosesEverythingAndLeavesNoThread) {
   ASSERT_EQ(::bind(sink.get(), lo.raw(), lo.len), 0);
   ASSERT_EQ(::listen(sink.get(), 256), 0);
 
-  size_t threadsBefore = threadCount();
+  size_t threadsBefore = threadCountSettled(1);  // an earlier test's thread may not be reaped yet
   StandInConfig c = config();
   c.upstreamOverride = str(localOf(sink.get()));
   auto proxy = start(c);
