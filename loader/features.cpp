@@ -149,6 +149,11 @@ Status checkMinimumFeatures(const FeatureReport& r) {
   auto lacks = [&r](const std::string& what) {
     return Error::msg("kernel " + r.release + " lacks " + what, ENOTSUP);
   };
+  // Not probed one by one: both are plain version facts.
+  if (!r.version.atLeast(5, 14))
+    return lacks(
+        "SO_NETNS_COOKIE and the mark kept across bpf_redirect (Linux 5.14+), needed to identify the pod and to carry "
+        "the egress decision to ingress");
   if (!r.btf.present)
     return lacks("BTF (/sys/kernel/btf/vmlinux, CONFIG_DEBUG_INFO_BTF=y), needed to relocate the programs to its structs");
   if (!r.skAssign.present)

@@ -103,10 +103,17 @@ TEST(MinimumFeatures, ErrorsNameTheMissingFeature) {
             "the programs to its structs");
 
   r = linux61();
-  r.release = "5.4.0-1-amd64";
+  r.release = "5.10.0-28-amd64";
+  r.version = *KernelVersion::parse(r.release);
+  EXPECT_EQ(checkMinimumFeatures(r).error().message,
+            "kernel 5.10.0-28-amd64 lacks SO_NETNS_COOKIE and the mark kept across bpf_redirect (Linux 5.14+), needed "
+            "to identify the pod and to carry the egress decision to ingress");
+
+  r = linux61();
+  r.release = "5.15.0-1-amd64";
   r.skAssign = off();
   EXPECT_EQ(checkMinimumFeatures(r).error().message,
-            "kernel 5.4.0-1-amd64 lacks bpf_sk_assign at TC (Linux 5.7+), needed to hand packets to the proxy's "
+            "kernel 5.15.0-1-amd64 lacks bpf_sk_assign at TC (Linux 5.7+), needed to hand packets to the proxy's "
             "sockets");
 
   r = linux61();
