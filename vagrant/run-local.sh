@@ -21,7 +21,8 @@
 #                             [--gtest-filter PATTERN] [--ctest "ARGS"]
 #                             [--shell COMMAND]
 #   --suites        test binaries to run, one process each (default: bpf netns)
-#   --gtest-filter  GoogleTest filter for them (default: all)
+#   --gtest-filter  GoogleTest filter for them (default: all but the
+#                   10,000-connection stress cases, -*TenThousandProbes*)
 #   --ctest         run ctest with ARGS (split on spaces) instead, e.g.
 #                   --ctest "-L bpf|netns" (one process per test case: slow)
 #   --shell         run COMMAND (bash) in the guest instead of the tests
@@ -35,7 +36,10 @@ TIMEOUT=5400
 MEM=3072
 SMP=2
 SUITES="bpf netns"
-GTEST_FILTER="*"
+# The 10,000-connection SNAT stress cases take minutes each under emulation
+# and their 2 s socket timeouts do not hold there; they test map logic the
+# host run covers. --gtest-filter '*' runs them too.
+GTEST_FILTER="-*TenThousandProbes*"
 CTEST_ARGS=""
 SHELL_CMD=""
 
