@@ -13,6 +13,7 @@
 #include <set>
 
 #include "loader/bpffs.h"
+#include "loader/features.h"
 #include "loader/privileges.h"
 #include "loader/netlink.h"
 #include "loader/netns.h"
@@ -487,6 +488,9 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   PodInfo info = podInfoFromRecord(id, rec);
   spdlog::info("enrolled pod {} (netns {}, {}, {} interface(s), {})", id, spec.netnsPath, info.tcMode,
                info.interfaces.size(), describeConfig(info));
+  // Not an error: the proxy may not use SO_REUSEPORT. Said at enrolment,
+  // because traffic would otherwise just vanish into a dropped handshake.
+  if (auto f = kernelFeatures(); f.ok() && !f->reuseportAssign.present) spdlog::warn("pod {}: {}", id, reuseportWarning(*f));
   return info;
 }
 

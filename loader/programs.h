@@ -6,10 +6,12 @@
 #include <string>
 
 #include "loader/bpf_map.h"
+#include "loader/features.h"
 #include "loader/result.h"
 #include "maps/sluice_maps.h"
 
 struct pod_tc;   // generated skeletons
+struct pod_tc_compat;
 struct host_tc;
 
 namespace sluice {
@@ -21,7 +23,10 @@ namespace sluice {
 class PodPrograms {
  public:
   /// Opens and loads the programs; maps are pinned by name under `root`
-  /// (which must exist on bpffs). Call with the StateLock held.
+  /// (which must exist on bpffs). Call with the StateLock held. The kernel
+  /// features are probed first (kernelFeatures()): a kernel below the
+  /// minimum gets an error naming what it lacks, and the pod programs are
+  /// the variant of the report's pod-cookie method.
   static Result<std::unique_ptr<PodPrograms>> load(const std::string& root);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
@@ -32,6 +37,8 @@ class PodPrograms {
   int loEgressFd() const;
   int hostEgressFd() const;
   int hostIngressFd() const;
+  /// How the loaded pod programs find the pod of a packet.
+  PodCookieMethod cookieMethod() const { return cookieMethod_; }
 
   BpfMap<__u32, sluice_settings> settings;
   BpfMap<__u64, sluice_pod_config> podConfig;
@@ -45,7 +52,16 @@ class PodPrograms {
 
  private:
   PodPrograms() = default;
+  /// Loads the opened pod object (either variant) and binds its maps.
+  template <typename Skel>
+  Status loadPod(Skel* skel, int (*loadFn)(Skel*));
+
+  PodCookieMethod cookieMethod_ = PodCookieMethod::None;
+  int egressFd_ = -1;  // owned by the skeleton
+  int ingressFd_ = -1;
+  int loEgressFd_ = -1;
   struct pod_tc* skel_ = nullptr;
+  struct pod_tc_compat* compat_ = nullptr;
   struct host_tc* host_ = nullptr;
 };
 

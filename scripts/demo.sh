@@ -86,7 +86,12 @@ echo "    remote 10.251.0.2  <->  node 10.250.0.1 / 10.251.0.1  <->  pod 10.250.
 
 ip netns exec "$NODE" $PEER echo-server 10.250.0.1 8080 server & PIDS+=($!)
 ip netns exec "$POD" $PEER echo-server 0.0.0.0 9090 app & PIDS+=($!)
-./build/sluice-standin --netns "/var/run/netns/$POD" >"$EVENTS" & PIDS+=($!)
+# Before Linux 6.6 the kernel cannot hand packets to SO_REUSEPORT listeners.
+STANDIN=(./build/sluice-standin --netns "/var/run/netns/$POD")
+if ! ./build/sluicectl status --json | python3 -c 'import json, sys; sys.exit(not json.load(sys.stdin)["reuseport_proxies"])'; then
+  STANDIN+=(--no-reuseport)
+fi
+"${STANDIN[@]}" >"$EVENTS" & PIDS+=($!)
 sleep 0.5
 
 step "enroll the pod: sluicectl pod add"

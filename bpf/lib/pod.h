@@ -28,6 +28,25 @@ struct sk_buff___sluice {
 	struct net_device___sluice *dev;
 } __attribute__((preserve_access_index));
 
+#ifdef SLUICE_POD_COOKIE_PROBE_READ
+#include <bpf/bpf_core_read.h>
+
+/*
+ * Kernels without bpf_cast_to_kern_ctx (before 6.2; built from
+ * pod_tc_compat.bpf.c, chosen by the loader). The __sk_buff pointer of a TC
+ * program is the kernel's sk_buff, so bpf_probe_read_kernel can follow it.
+ * The verifier lets a context pointer be the helper's source argument
+ * (ARG_ANYTHING) only when pointer leaks are allowed: the loader runs as
+ * root (CAP_PERFMON). A NULL dev reads as 0: the helper zeroes its
+ * destination on a fault.
+ */
+static __always_inline __u64 pod_cookie(struct __sk_buff *skb)
+{
+	struct sk_buff___sluice *k = (void *)skb;
+
+	return BPF_CORE_READ(k, dev, nd_net.net, net_cookie);
+}
+#else
 extern void *bpf_cast_to_kern_ctx(void *obj) __ksym;
 
 static __always_inline __u64 pod_cookie(struct __sk_buff *skb)
@@ -39,3 +58,4 @@ static __always_inline __u64 pod_cookie(struct __sk_buff *skb)
 		return 0;
 	return dev->nd_net.net->net_cookie;
 }
+#endif

@@ -69,6 +69,7 @@
 #include <thread>
 #include <vector>
 
+#include "loader/features.h"
 #include "loader/netlink.h"
 #include "loader/netns.h"
 #include "loader/tc.h"
@@ -1208,11 +1209,31 @@ class NodeTopology {
       Status st = detachTcx(pin);
       if (!st.ok()) ADD_FAILURE() << "detach " << pin << ": " << st.error().message;
     }
+    if (legacy_) {
+      // Destroying the clsact qdisc takes both filters with it.
+      Status st = sb_->inNetns([&]() { return detachLegacy(hveth_, TcHook::Ingress, true); });
+      if (!st.ok()) ADD_FAILURE() << "detach clsact: " << st.error().message;
+    }
   }
 
-  // host_egress / host_ingress at the pod's host-side veth (tcx, pinned
-  // under the sandbox's bpffs root).
+  // host_egress / host_ingress at the pod's host-side veth: tcx, pinned
+  // under the sandbox's bpffs root, or clsact + cls_bpf where the kernel
+  // has no tcx (before 6.6), as `--tc-mode auto` would.
   Status attach() {
+    auto features = kernelFeatures();
+    SLUICE_TRY(features);
+    if (!features->tcx.present) {
+      legacy_ = true;
+      for (TcHook hook : {TcHook::Egress, TcHook::Ingress}) {
+        int fd = hook == TcHook::Egress ? sb_->programs().hostEgressFd() : sb_->programs().hostIngressFd();
+        SLUICE_TRY(sb_->inNetns([&]() -> Status {
+          auto created = attachLegacy(hveth_, hook, fd);
+          if (!created.ok()) return created.error();
+          return {};
+        }));
+      }
+      return {};
+    }
     const std::string base = sb_->root() + "/host-test-" + std::to_string(pinSeq++);
     for (TcHook hook : {TcHook::Egress, TcHook::Ingress}) {
       std::string pin = base + "-" + tcHookName(hook);
@@ -1235,6 +1256,7 @@ class NodeTopology {
   int hveth_ = 0;
   uint64_t podCookie_ = 0;
   std::vector<std::string> pins_;
+  bool legacy_ = false;  // clsact on hveth_, removed by the destructor
 };
 
 struct RealParam {

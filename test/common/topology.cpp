@@ -18,6 +18,7 @@
 #include <set>
 
 #include "loader/bpffs.h"
+#include "loader/features.h"
 #include "loader/netns.h"
 #include "loader/sysctl.h"
 
@@ -871,6 +872,8 @@ Status PodHarness::startStandIn(StandInConfig config) {
   if (standIn_) standIn_->stop();
   standIn_.reset();
   config.netnsPath = pod().path();
+  // ztunnel's default where it works; without it where it cannot (< 6.6).
+  config.reuseport = config.reuseport && kernelAssignsReuseport();
   auto s = ProxyStandIn::start(config);
   SLUICE_TRY(s);
   standIn_ = std::move(*s);
@@ -916,6 +919,24 @@ std::string describe(const std::vector<ProxyEvent>& events) {
     s += "\n  " + e.listener + " :" + std::to_string(e.listenerPort) + " orig_dst=" + e.origDst + " peer=" + e.peer +
          " " + e.detail;
   return s;
+}
+
+std::string tcModeUnsupported(TcMode m) {
+  if (m != TcMode::Tcx) return "";
+  auto f = kernelFeatures();
+  if (!f.ok() || f->tcx.present) return "";  // a failed probe: let the test fail on its own
+  return "kernel " + f->release + " has no tcx (Linux 6.6+): " + f->tcx.how;
+}
+
+bool kernelAssignsReuseport() {
+  auto f = kernelFeatures();
+  return !f.ok() || f->reuseportAssign.present;
+}
+
+StandInConfig testStandInConfig() {
+  StandInConfig c;
+  c.reuseport = kernelAssignsReuseport();
+  return c;
 }
 
 }  // namespace sluice::test

@@ -415,6 +415,20 @@ std::string describe(const std::vector<ProxyEvent>& events);
 /// "tcx" / "legacy", for test names.
 inline const char* modeName(TcMode m) { return m == TcMode::Legacy ? "legacy" : m == TcMode::Tcx ? "tcx" : "auto"; }
 
+/// Why this kernel cannot run a test in mode @p m (tcx before Linux 6.6),
+/// or "" when it can. Tests skip with this reason (GTEST_SKIP), so a run on
+/// an old kernel shows what it did not cover.
+std::string tcModeUnsupported(TcMode m);
+
+/// False before Linux 6.6: the kernel cannot hand packets to SO_REUSEPORT
+/// sockets, so the harness starts the stand-in without it.
+bool kernelAssignsReuseport();
+
+/// The stand-in's defaults, without SO_REUSEPORT where the kernel cannot
+/// assign such sockets: what every test whose stand-in receives redirected
+/// traffic starts from.
+StandInConfig testStandInConfig();
+
 /// "ipv4" / "ipv6", for test names.
 inline const char* familyName(int family) { return family == AF_INET ? "ipv4" : "ipv6"; }
 

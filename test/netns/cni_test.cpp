@@ -337,6 +337,8 @@ class CniMode : public Cni, public ::testing::WithParamInterface<std::string> {}
 // destination; a node-local probe arrives from 169.254.7.127), CHECK passes
 // and catches damage, DEL (reverse order) cleans everything, twice.
 TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
+  if (GetParam() == "tcx")
+    if (std::string why = tcModeUnsupported(TcMode::Tcx); !why.empty()) GTEST_SKIP() << why;
   list_["plugins"][1]["tcMode"] = GetParam();
   startAgent();
   CniRuntime rt(node_, work_.file("bin"), work_.path());
@@ -364,7 +366,7 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
 
   // Rule 1: outbound TCP goes to the proxy, which sees the original
   // destination and relays it on.
-  StandInConfig cfg;
+  StandInConfig cfg = testStandInConfig();
   cfg.netnsPath = pod_.path();
   auto standIn = ProxyStandIn::start(cfg);
   ASSERT_TRUE(standIn.ok()) << standIn.error().message;

@@ -100,6 +100,7 @@ class LifecycleBase : public ::testing::Test {
 
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
+    if (std::string why = tcModeUnsupported(mode()); !why.empty()) GTEST_SKIP() << why;
     h_ = std::make_unique<PodHarness>(mode());
     ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
     Status st = h_->open();
@@ -292,7 +293,7 @@ TEST_P(Lifecycle, Ipv6DisabledOnLoopbackInstallsOnlyV4) {
   EXPECT_TRUE(hasReturnRule(s.rulesV4)) << s.rulesV4;
   EXPECT_FALSE(hasReturnRule(s.rulesV6)) << s.rulesV6;
   EXPECT_EQ(s.table100V6, "");
-  StandInConfig cfg;
+  StandInConfig cfg = testStandInConfig();
   cfg.ipv6 = false;
   ASSERT_TRUE(h_->startStandIn(cfg).ok());
   auto server = TcpServer::start(h_->node(), Endpoint::of(PodTopology::kNodeV4, 0));
@@ -497,7 +498,7 @@ TEST_P(Lifecycle, TwoPodsAreKeptApart) {
   auto infoB = h_->datapath().addPod(specB);
   ASSERT_TRUE(infoB.ok()) << infoB.error().message;
   ASSERT_TRUE(h_->startStandIn().ok());
-  StandInConfig cfgB;
+  StandInConfig cfgB = testStandInConfig();
   cfgB.netnsPath = b.pod().path();
   auto standInB = ProxyStandIn::start(cfgB);
   ASSERT_TRUE(standInB.ok()) << standInB.error().message;

@@ -46,6 +46,7 @@ class Redirect : public ::testing::TestWithParam<RedirectParam> {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
+    if (std::string why = tcModeUnsupported(mode()); !why.empty()) GTEST_SKIP() << why;
     h_ = std::make_unique<PodHarness>(mode());
     ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
     Status st = h_->open();
@@ -463,7 +464,7 @@ TEST_P(Redirect, InboundCaptureOffKeepsSpoofedReturnPath) {
   spec.inboundCapture = false;
   auto info = h_->enroll(spec);
   ASSERT_TRUE(info.ok()) << info.error().message;
-  StandInConfig cfg;
+  StandInConfig cfg = testStandInConfig();
   cfg.upstreamOverride = podEp(app->port()).str();
   cfg.upstreamConnectTimeout = std::chrono::milliseconds(1500);
   Status st = h_->startStandIn(cfg);

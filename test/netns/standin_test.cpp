@@ -278,6 +278,19 @@ size_t threadCount() {
   return n;
 }
 
+// The thread count once it has settled at @p want (or after a second): a
+// joined thread stays in /proc/self/task until the kernel reaps it, which
+// takes long enough to see on a slow (emulated) CPU.
+size_t threadCountSettled(size_t want) {
+  auto deadline = std::chrono::steady_clock::now() + 1s;
+  size_t n = threadCount();
+  while (n != want && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+    n = threadCount();
+  }
+  return n;
+}
+
 // ---- Test servers --------------------------------------------------------------
 
 /// A TCP server in a namespace: echoes what it reads; after the client's FIN
@@ -921,12 +934,12 @@ TEST_F(StandIn, StartFailsWhenAPortIsInUseAndClosesWhatItOpened) {
   ASSERT_EQ(::bind(squatter.get(), any.raw(), any.len), 0);
   ASSERT_EQ(::listen(squatter.get(), 1), 0);
 
-  size_t threadsBefore = threadCount();
+  size_t threadsBefore = threadCountSettled(1);  // an earlier test's thread may not be reaped yet
   auto r = ProxyStandIn::start(config());
   ASSERT_FALSE(r);
   EXPECT_EQ(r.error().message, "inbound listener [::]:15006: bind: Address already in use");
   EXPECT_EQ(r.error().code, EADDRINUSE);
-  EXPECT_EQ(threadCount(), threadsBefore);
+  EXPECT_EQ(threadCountSettled(threadsBefore), threadsBefore);
 
   // The outbound listener opened before the failure is gone again.
   TestFd probe = ns_->socket(AF_INET6, SOCK_STREAM);
@@ -995,7 +1008,7 @@ TEST_F(StandIn, StopIsPromptClosesEverythingAndLeavesNoThread) {
   ASSERT_EQ(::bind(sink.get(), lo.raw(), lo.len), 0);
   ASSERT_EQ(::listen(sink.get(), 256), 0);
 
-  size_t threadsBefore = threadCount();
+  size_t threadsBefore = threadCountSettled(1);  // an earlier test's thread may not be reaped yet
   StandInConfig c = config();
   c.upstreamOverride = str(localOf(sink.get()));
   auto proxy = start(c);
@@ -1021,7 +1034,7 @@ TEST_F(StandIn, StopIsPromptClosesEverythingAndLeavesNoThread) {
   proxy->stop();
   auto took = std::chrono::steady_clock::now() - t0;
   EXPECT_LT(took, kPromptStop) << std::chrono::duration_cast<std::chrono::milliseconds>(took).count();
-  EXPECT_EQ(threadCount(), threadsBefore);
+  EXPECT_EQ(threadCountSettled(threadsBefore), threadsBefore);
   EXPECT_EQ(proxy->openConnections(), 0u);
 
   // Every client sees its connection end, no listener is left.

@@ -50,6 +50,7 @@ usage: sluicectl [--bpffs DIR] [--socket PATH] [--tc-mode auto|tcx|legacy]
   pod remove (--netns PATH | --id NAME)
   pod list   [--json]
   stats      [--id NAME] [--json]
+  status     [--json]   what this kernel supports and the paths sluice takes
 
 global options:
   --bpffs DIR       bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -111,6 +112,8 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     else return usageError("unknown pod subcommand '" + verb + "'");
   } else if (noun == "stats") {
     cmd.verb = Verb::Stats;
+  } else if (noun == "status") {
+    cmd.verb = Verb::Status;
   } else if (noun == "help") {
     cmd.verb = Verb::Help;
     return cmd;
@@ -121,7 +124,7 @@ Result<Command> parse(const std::vector<std::string>& argv) {
   bool haveNetns = false;
   while (!a.done()) {
     std::string flag = a.peek();
-    if (flag == "--json" && (cmd.verb == Verb::PodList || cmd.verb == Verb::Stats)) {
+    if (flag == "--json" && (cmd.verb == Verb::PodList || cmd.verb == Verb::Stats || cmd.verb == Verb::Status)) {
       cmd.json = true;
       a.i++;
       continue;
@@ -132,7 +135,7 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     }
     bool isAdd = cmd.verb == Verb::PodAdd;
     bool known = (flag == "--netns" && (isAdd || cmd.verb == Verb::PodRemove)) ||
-                 (flag == "--id" && cmd.verb != Verb::PodList) ||
+                 (flag == "--id" && cmd.verb != Verb::PodList && cmd.verb != Verb::Status) ||
                  (isAdd && (flag == "--dns-capture" || flag == "--inbound-capture" || flag == "--reroute-iface" ||
                             flag == "--node-netns" || flag == "--ip"));
     if (!known) return usageError("unknown option " + flag + " for this command");
@@ -211,6 +214,79 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
     o << std::left << std::setw(24) << c.id;
     agent::eachCounter(c.stats, [&](const char*, uint64_t v) { o << std::right << std::setw(16) << v; });
     o << "\n";
+  }
+  return o.str();
+}
+
+namespace {
+
+struct StatusRow {
+  const char* key;    // JSON key
+  const char* name;   // text label
+  const Feature* feature;
+  const char* why;    // what sluice uses it for
+};
+
+std::vector<StatusRow> statusRows(const FeatureReport& r) {
+  return {
+      {"btf", "BTF", &r.btf, "CO-RE: the programs are relocated to this kernel's structs (required)"},
+      {"sk_assign", "bpf_sk_assign", &r.skAssign, "hands packets to the proxy's sockets (required, Linux 5.7)"},
+      {"cast_to_kern_ctx", "bpf_cast_to_kern_ctx", &r.castToKernCtx,
+       "finds the pod of a packet without a helper call (Linux 6.2)"},
+      {"probe_read_kernel", "bpf_probe_read_kernel", &r.probeReadKernel,
+       "finds the pod where bpf_cast_to_kern_ctx is missing (needs root)"},
+      {"tcx", "tcx links", &r.tcx, "pinned attachments that outlive sluicectl (Linux 6.6); else clsact + cls_bpf"},
+      {"tcx_link_update", "tcx link update", &r.tcxLinkUpdate, "atomic program replacement on a tcx link"},
+      {"reuseport_assign", "reuseport assignment", &r.reuseportAssign,
+       "SO_REUSEPORT proxy listeners (ztunnel's default) receive redirected traffic (Linux 6.6)"},
+  };
+}
+
+// What --tc-mode resolves to here, and an explanation when it cannot work.
+std::pair<std::string, std::string> resolvedTcMode(const FeatureReport& r, TcMode requested) {
+  switch (requested) {
+    case TcMode::Auto:
+      return {tcModeName(r.autoTcMode()), r.tcx.present ? "auto: the kernel has tcx" : "auto: no tcx, clsact + cls_bpf"};
+    case TcMode::Tcx:
+      return {"tcx", r.tcx.present ? "forced" : "forced, but the kernel lacks tcx: pod add will fail"};
+    case TcMode::Legacy:
+      return {"legacy", "forced: clsact + cls_bpf"};
+  }
+  return {"?", ""};
+}
+
+}  // namespace
+
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
+  Status minimum = checkMinimumFeatures(r);
+  auto [mode, modeWhy] = resolvedTcMode(r, requested);
+  if (json) {
+    nlohmann::json features = nlohmann::json::object();
+    for (const auto& row : statusRows(r))
+      features[row.key] = {{"present", row.feature->present}, {"why", row.why}, {"probe", row.feature->how}};
+    nlohmann::json j = {
+        {"kernel", {{"release", r.release}, {"version", r.version.str()}}},
+        {"supported", minimum.ok()},
+        {"error", minimum.ok() ? nlohmann::json(nullptr) : nlohmann::json(minimum.error().message)},
+        {"tc_mode", {{"requested", tcModeName(requested)}, {"effective", mode}, {"why", modeWhy}}},
+        {"pod_cookie", {{"method", podCookieMethodName(r.cookieMethod)}, {"why", r.cookieMethodHow}}},
+        {"reuseport_proxies", r.reuseportAssign.present},
+        {"features", features}};
+    return j.dump(2) + "\n";
+  }
+  std::ostringstream o;
+  o << "kernel             " << r.release << "\n";
+  o << "supported          " << (minimum.ok() ? "yes" : "NO: " + minimum.error().message) << "\n";
+  o << "attach mode        " << mode << " (" << modeWhy << ")\n";
+  o << "pod cookie         " << podCookieMethodName(r.cookieMethod) << " (" << r.cookieMethodHow << ")\n";
+  o << "reuseport proxies  "
+    << (r.reuseportAssign.present ? "yes"
+                                  : "NO: run the proxy without SO_REUSEPORT, or it receives no redirected traffic")
+    << "\n\nfeatures:\n";
+  for (const auto& row : statusRows(r)) {
+    o << "  " << std::left << std::setw(23) << row.name << std::setw(5) << (row.feature->present ? "yes" : "no")
+      << row.why << "\n";
+    o << "  " << std::setw(28) << "" << "probe: " << row.feature->how << "\n";
   }
   return o.str();
 }
@@ -301,6 +377,7 @@ int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostrea
       return 0;
     }
     case Verb::Help:
+    case Verb::Status:  // handled in run(): it needs neither the agent nor pinned state
       break;
   }
   return 0;
@@ -321,6 +398,14 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   if (cmd.verb == Verb::PodAdd) {
     std::string id = cmd.pod.id.empty() ? defaultPodId(cmd.pod.netnsPath) : cmd.pod.id;
     if (Status st = validatePodId(id); !st.ok()) return fail(st.error());
+  }
+  if (cmd.verb == Verb::Status) {
+    // Probing needs no pinned state: no bpffs root, no lock.
+    auto features = probeKernelFeatures();
+    if (!features.ok()) return fail(features.error());
+    out << formatStatus(*features, cmd.tcMode, cmd.json);
+    Status minimum = checkMinimumFeatures(*features);
+    return minimum.ok() ? 0 : fail(minimum.error());
   }
   // The agent, when one serves this bpffs root.
   auto client = agent::Client::connect(cmd.socketPath);

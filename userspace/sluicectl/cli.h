@@ -7,11 +7,12 @@
 #include <vector>
 
 #include "loader/datapath.h"
+#include "loader/features.h"
 #include "loader/result.h"
 
 namespace sluice::cli {
 
-enum class Verb { Help, PodAdd, PodRemove, PodList, Stats };
+enum class Verb { Help, PodAdd, PodRemove, PodList, Stats, Status };
 
 /// A parsed command line.
 struct Command {
@@ -48,5 +49,11 @@ std::string formatError(const Error& e);
 /// Renders pods / counters (exposed for tests).
 std::string formatPodList(const std::vector<PodInfo>& pods, bool json);
 std::string formatStats(const std::vector<PodCounters>& stats, bool json);
+
+/// Renders the kernel feature report for `sluicectl status`: the kernel,
+/// each feature (yes/no, why sluice needs it, how it was decided), the
+/// attach mode `requested` resolves to, the pod-cookie method and whether
+/// SO_REUSEPORT proxies can be served.
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json);
 
 }  // namespace sluice::cli

@@ -1,0 +1,51 @@
+#!/bin/bash
+# Second stage in the runner's guest (vagrant/run-local.sh), running on the
+# host's userland: prepares what the tests need (bpffs, the kernel's module
+# tree for autoload, lo up), prints the feature report, runs the tests, and
+# leaves their exit code in /run/sluice-vm/rc before powering off.
+OUT=/run/sluice-vm
+. "$OUT/env"
+cut -d' ' -f1 /proc/uptime >"$OUT/boot-seconds"
+rc=125
+finish() {
+  echo "$rc" >"$OUT/rc"
+  sync
+  echo o >/proc/sysrq-trigger
+  while :; do sleep 1; done  # PID 1 must not exit before the power-off
+}
+trap finish EXIT
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+export HOME=/root
+export GTEST_COLOR=no
+hostname sluice-vm
+mount -t bpf bpf /sys/fs/bpf
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+# The kernel loads veth, sch_ingress, cls_bpf... on demand through
+# modprobe, which reads the tree of the booted kernel.
+mkdir -p /lib/modules && mount --bind "$SLUICE_MODULES" /lib/modules
+ip link set lo up
+echo "sluice-vm: $(uname -r), userspace after $(cat "$OUT/boot-seconds")s"
+"$SLUICE_BUILD/sluicectl" status
+start=$(date +%s)
+if [ -f "$OUT/shell.sh" ]; then
+  bash "$OUT/shell.sh"
+  rc=$?
+elif [ -n "$SLUICE_CTEST_ARGS" ]; then
+  cd "$SLUICE_BUILD" || exit
+  # shellcheck disable=SC2086  # split on spaces by design (--ctest)
+  ctest --output-on-failure --timeout 900 $SLUICE_CTEST_ARGS 2>&1 | tee "$OUT/ctest.log"
+  rc=${PIPESTATUS[0]}
+else
+  # One process per suite: ctest's process per test case (a BPF load and
+  # a feature probe each) costs more than the tests under emulation.
+  rc=0
+  for suite in $SLUICE_SUITES; do
+    echo "sluice-vm: running the $suite suite"
+    "$SLUICE_BUILD/test/sluice_${suite}_tests" --gtest_filter="${SLUICE_GTEST_FILTER:-*}" \
+      --gtest_output="xml:$OUT/$suite.xml" || rc=1
+  done
+  python3 "$SLUICE_SRC/vagrant/local/summary.py" "$OUT"/*.xml | tee "$OUT/summary"
+fi
+echo "sluice-vm: tests took $(($(date +%s) - start))s, exit code $rc"
