@@ -24,7 +24,7 @@ if [ "$(stat -f -c %T /sys/fs/bpf 2>/dev/null)" != "bpf_fs" ]; then
 fi
 ctest --test-dir build --output-on-failure --timeout 300 -j2 "$@"
 if [ "$VM" = 1 ]; then
-  # ~25 min under emulation here; the cap keeps a hung guest inside CI's
-  # 90 minutes.
+  # 7-8 min under emulation here on a quiet machine (vagrant/README.md);
+  # the cap keeps a hung guest inside CI's 90 minutes.
   ./vagrant/run-local.sh --timeout 2700
 fi
