@@ -10,7 +10,9 @@
  *   proxy DNS answer ──▶ lo egress (pod_lo_egress): source back to resolver
  *
  * One set of programs serves every pod; the netns cookie selects the pod's
- * settings and counters.
+ * settings and counters. A TCP socket's decision is remembered on the
+ * socket (sock_verdict), so its later packets cost neither the pod lookup
+ * nor a socket-table lookup.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -31,6 +33,7 @@ struct ctx {
 	const struct sluice_settings *cfg;
 	const struct sluice_pod_config *pod;
 	__u64 cookie;
+	struct bpf_sock *own; /* the packet's own socket (flow_socket), if any */
 	struct flow f;
 };
 
@@ -166,17 +169,28 @@ static __always_inline int egress_tcp(struct ctx *c)
 		if (dns_tcp_is_captured(c))
 			return capture_dns(c, SLUICE_TAG_OWNED);
 	}
-	if (flow_is_syn(&c->f))
-		return loop_to_ingress(c, SLUICE_TAG_OUTBOUND); /* rule 1 */
+	if (flow_is_syn(&c->f)) {
+		/* Rule 1. Every later packet of the connection goes to the proxy
+		 * socket that accepts it; should there be none (the proxy closed
+		 * it), such a packet is delivered locally and answered with a
+		 * reset: it never leaves the pod past the proxy. */
+		if (c->own)
+			verdict_set(c->own, SLUICE_VERDICT_OWNED);
+		return loop_to_ingress(c, SLUICE_TAG_OUTBOUND);
+	}
 
 	/* Rules 1 and 4 for every later packet: a local socket owns the flow
 	 * as its receiver only if the proxy accepted it (outbound) or opened
-	 * it with the client's address (the spoofed return path). */
+	 * it with the client's address (the spoofed return path). A connected
+	 * socket keeps its addresses, so the answer holds for its life. */
 	sk = owner_lookup(c->skb, &c->f);
+	if (sk)
+		bpf_sk_release(sk);
+	if (c->own)
+		verdict_set(c->own, sk ? SLUICE_VERDICT_OWNED : SLUICE_VERDICT_PASS);
 	if (!sk)
 		return pass(c);
-	bpf_sk_release(sk);
-	return loop_to_ingress(c, SLUICE_TAG_OWNED);
+	return loop_to_ingress(c, c->f.tcp_flags & TCP_FLAG_SYN ? SLUICE_TAG_OWNED : SLUICE_TAG_OWNED_DATA);
 }
 
 SEC("tc")
@@ -191,18 +205,31 @@ int pod_egress(struct __sk_buff *skb)
 	 * connection, leaves before any map lookup. */
 	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
 		return TC_ACT_OK;
-	if (!ctx_pod(&c))
-		return TC_ACT_OK;
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
 		break;
 	case PARSE_TOO_DEEP:
 		/* Fail closed: it could be TCP we cannot see. Sockets add at most
 		 * four extension headers; only raw sockets build deeper chains. */
-		return drop(&c);
+		return ctx_pod(&c) ? drop(&c) : TC_ACT_OK;
 	default:
-		return pass(&c);
+		return TC_ACT_OK;
 	}
+	/* A later packet of a TCP socket decided before: no lookup at all.
+	 * (TCP DNS flows are translated packet by packet: not remembered.) */
+	if (c.f.proto == IPPROTO_TCP) {
+		c.own = flow_socket(skb, &c.f);
+		if (c.own && !(c.f.tcp_flags & TCP_FLAG_SYN) && c.f.dport != bpf_htons(53)) {
+			__u32 v = verdict_get(c.own);
+
+			if (v == SLUICE_VERDICT_PASS)
+				return TC_ACT_OK;
+			if (v == SLUICE_VERDICT_OWNED)
+				return loop_to_ingress(&c, SLUICE_TAG_OWNED_DATA);
+		}
+	}
+	if (!ctx_pod(&c))
+		return TC_ACT_OK;
 
 	if (c.f.proto == IPPROTO_TCP)
 		return egress_tcp(&c);
@@ -293,26 +320,42 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 	return drop(c);
 }
 
+/* A later TCP packet (no SYN) of a flow pod_egress found a proxy socket
+ * for: delivered locally (see ingress_looped), counted, nothing parsed. */
+static __always_inline int ingress_owned_data(struct __sk_buff *skb)
+{
+	const struct sluice_settings *cfg = settings_get();
+	__u64 cookie;
+
+	if (!cfg)
+		return TC_ACT_SHOT;
+	bpf_skb_change_type(skb, PACKET_HOST);
+	skb->mark = cfg->return_mark;
+	cookie = pod_cookie(skb);
+	SLUICE_COUNT(cookie, owned_pkts);
+	return TC_ACT_OK;
+}
+
 SEC("tc")
 int pod_ingress(struct __sk_buff *skb)
 {
 	struct ctx c = {};
 	__u32 mark = skb->mark;
 
-	if (!ctx_init(&c, skb))
-		return TC_ACT_OK;
-
 	/* Only pod_egress sets the tag: the kernel clears skb->mark when a
 	 * packet crosses into this netns, so a real inbound packet has none. */
+	if (mark == (SLUICE_TAG_MAGIC | SLUICE_TAG_OWNED_DATA))
+		return ingress_owned_data(skb);
 	if ((mark & SLUICE_TAG_MASK) == SLUICE_TAG_MAGIC)
-		return ingress_looped(&c, mark & ~SLUICE_TAG_MASK);
+		return ctx_init(&c, skb) ? ingress_looped(&c, mark & ~SLUICE_TAG_MASK) : TC_ACT_OK;
 
-	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.proto != IPPROTO_TCP)
-		return pass(&c); /* rule 9 */
-	/* Rule 6: only connection set-up is captured; every later packet goes
-	 * to the socket that owns its connection. */
-	if (!flow_is_syn(&c.f))
-		return pass(&c);
+	/* Rules 9 and 6: only TCP connection set-up is captured; every later
+	 * packet goes to the socket that owns its connection. Decided before
+	 * any map lookup: most packets are these. */
+	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
+		return TC_ACT_OK;
+	if (!ctx_init(&c, skb))
+		return TC_ACT_OK;
 
 	/* Virtual interfaces: TCP arriving there is outbound traffic. */
 	if (c.pod->reroute_count && is_reroute_iface(&c)) {

@@ -47,6 +47,22 @@ enum sluice_tag {
 	SLUICE_TAG_DNS_TCP = 2,  /* new TCP connection for the DNS listener */
 	SLUICE_TAG_DNS_UDP = 3,  /* UDP query for the DNS listener */
 	SLUICE_TAG_OWNED = 4,    /* packet of a flow a local proxy socket owns */
+	SLUICE_TAG_OWNED_DATA = 5, /* the same, TCP without SYN: no parsing needed */
+};
+
+/*
+ * What pod_egress decided for a TCP socket of the pod, remembered in the
+ * socket's BPF local storage (map sock_verdict): later packets of the
+ * socket skip the socket-table lookup. The decision is a property of the
+ * connection's addresses, which a connected socket never changes.
+ */
+enum sluice_verdict {
+	SLUICE_VERDICT_NONE = 0,
+	SLUICE_VERDICT_PASS = 1,  /* no proxy socket owns the flow */
+	SLUICE_VERDICT_OWNED = 2, /* the flow goes to a proxy socket */
+};
+struct sluice_sock_verdict {
+	__u32 verdict; /* enum sluice_verdict */
 };
 
 /* Pod flags (struct sluice_pod_config.flags). */

@@ -44,6 +44,17 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } dns_nat SEC(".maps");
 
+/* pod_egress's decision per socket (enum sluice_verdict), freed with the
+ * socket. Pinned so that upgraded programs keep the decisions; bpftool can
+ * show it but not dump it (its keys are sockets). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sluice_sock_verdict);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} sock_verdict SEC(".maps");
+
 /* Registry of enrolled pods; written and read by user space only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

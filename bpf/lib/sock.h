@@ -4,6 +4,8 @@
 
 #include <linux/bpf.h>
 #include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include "maps.h"
 #include "parse.h"
 
 #ifndef BPF_F_CURRENT_NETNS
@@ -82,4 +84,48 @@ static __always_inline long assign_release(struct __sk_buff *skb, struct bpf_soc
 
 	bpf_sk_release(sk);
 	return ret;
+}
+
+/*
+ * The packet's own socket when it is the full TCP socket of exactly this
+ * flow: what pod_egress's decision can be remembered on. Request,
+ * time-wait and the stack's control sockets (resets, time-wait ACKs) do not
+ * qualify, nor an IPv6 socket sending IPv4 (mapped addresses).
+ */
+static __always_inline struct bpf_sock *flow_socket(struct __sk_buff *skb, const struct flow *f)
+{
+	struct bpf_sock *sk = skb->sk;
+
+	if (!sk)
+		return 0;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk || sk->protocol != IPPROTO_TCP || sk->family != f->family ||
+	    sk->src_port != bpf_ntohs(f->sport))
+		return 0;
+	if (f->family == AF_INET)
+		return sk->src_ip4 == f->saddr[0] && sk->dst_ip4 == f->daddr[0] ? sk : 0;
+	if (sk->src_ip6[0] != f->saddr[0] || sk->src_ip6[1] != f->saddr[1] ||
+	    sk->src_ip6[2] != f->saddr[2] || sk->src_ip6[3] != f->saddr[3] ||
+	    sk->dst_ip6[0] != f->daddr[0] || sk->dst_ip6[1] != f->daddr[1] ||
+	    sk->dst_ip6[2] != f->daddr[2] || sk->dst_ip6[3] != f->daddr[3])
+		return 0;
+	return sk;
+}
+
+/* The decision remembered on sk (enum sluice_verdict). */
+static __always_inline __u32 verdict_get(struct bpf_sock *sk)
+{
+	struct sluice_sock_verdict *v = bpf_sk_storage_get(&sock_verdict, sk, 0, 0);
+
+	return v ? v->verdict : SLUICE_VERDICT_NONE;
+}
+
+/* Remembers a decision on sk; best effort (no memory: decided again). */
+static __always_inline void verdict_set(struct bpf_sock *sk, __u32 verdict)
+{
+	struct sluice_sock_verdict *v =
+		bpf_sk_storage_get(&sock_verdict, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+
+	if (v)
+		v->verdict = verdict;
 }

@@ -184,21 +184,21 @@ std::vector<Case> egressCases() {
                   .prog = Prog::Egress, .in = tcp(f.remote, 80, RST)});
     cs.push_back({.name = nm(f, "ack_owned_by_accepted_socket_redirected"),
                   .what = "rule 1: a later packet whose destination is the local end of an established "
-                          "socket (the proxy's accepted one) loops to ingress tagged OWNED, unchanged",
+                          "socket (the proxy's accepted one) loops to ingress tagged OWNED_DATA, unchanged",
                   .prog = Prog::Egress, .in = Packet::tcp(f.pod, kClientPort, f.remote, kServerPort, ACK),
                   .sockets = Sockets::Connection,
-                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OWNED)});
+                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OWNED_DATA)});
     cs.push_back({.name = nm(f, "ack_owned_by_connecting_socket_redirected"),
                   .what = "rule 4: a reply to a socket opened in the pod with a spoofed source (its local "
-                          "end is the packet's destination) loops to ingress tagged OWNED",
+                          "end is the packet's destination) loops to ingress tagged OWNED_DATA",
                   .prog = Prog::Egress, .in = Packet::tcp(f.remote, kServerPort, f.pod, kClientPort, ACK),
                   .sockets = Sockets::Connection,
-                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OWNED)});
+                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OWNED_DATA)});
     cs.push_back({.name = nm(f, "fin_owned_redirected"),
                   .what = "rule 1: a FIN of an owned flow follows the flow",
                   .prog = Prog::Egress, .in = Packet::tcp(f.pod, kClientPort, f.remote, kServerPort, FIN | ACK),
                   .sockets = Sockets::Connection,
-                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OWNED)});
+                  .verdict = TC_ACT_REDIRECT, .outMark = tagMark(SLUICE_TAG_OWNED_DATA)});
     cs.push_back({.name = nm(f, "ack_to_listener_only_passes"),
                   .what = "rules 1/4 near-miss: a listener on the destination is not an owner",
                   .prog = Prog::Egress, .in = Packet::tcp(f.pod2, 9999, f.remote, kServerPort, ACK),
@@ -343,6 +343,11 @@ std::vector<Case> ingressCases() {
                   .what = "a packet tagged OWNED is left to the stack's socket lookup with the return mark "
                           "(local delivery: it never leaves the pod, even if its proxy socket is gone)",
                   .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK), .mark = tagMark(SLUICE_TAG_OWNED),
+                  .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_data_delivered_locally"),
+                  .what = "a packet tagged OWNED_DATA (egress: TCP without SYN, a proxy socket owns it) is "
+                          "delivered locally with the return mark, unparsed, and counted",
+                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK), .mark = tagMark(SLUICE_TAG_OWNED_DATA),
                   .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
     cs.push_back({.name = nm(f, "tagged_owned_syn_without_owner_dropped"),
                   .what = "a SYN tagged OWNED (egress never tags one so) takes the owner lookup: none, dropped",

@@ -17,6 +17,7 @@
 // parallel. "No stand-in event" is how a test sees that a connection was not
 // captured: the stand-in records every connection and query it receives.
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -29,6 +30,7 @@
 #include <thread>
 #include <tuple>
 
+#include "maps/sluice_maps.h"
 #include "test/common/topology.h"
 
 namespace sluice::test {
@@ -567,6 +569,45 @@ TEST_P(Redirect, EstablishedConnectionsSurviveEnrollment) {
   ASSERT_TRUE(i.ok()) << i.error().message;
   EXPECT_EQ(*i, payload);
   EXPECT_TRUE(h_->events().empty()) << describe(h_->events());
+  EXPECT_EQ(h_->stats().dropped_pkts, 0u);
+}
+
+// pod_egress remembers its decision on the app's socket (sock_verdict, BPF
+// local storage keyed by the socket): a redirected connection's later
+// packets go to the proxy without a socket-table lookup, a connection
+// that existed before enrollment keeps passing. User space reads a
+// socket's entry with the socket's fd as the key.
+//
+//   redirected:  app sock --SYN--> verdict OWNED (set at the capture)
+//   pre-existing: app sock --data--> owner lookup: none --> verdict PASS
+TEST_P(Redirect, DecisionIsRememberedOnTheAppSocket) {
+  auto server = tcpServer(h_->node(), nodeEp(0));
+  ASSERT_TRUE(server);
+  auto before = tcpConnect(h_->pod(), server->local());
+  ASSERT_TRUE(before.ok()) << before.error().message;
+  enrollWithProxy();
+  auto after = tcpConnect(h_->pod(), server->local());
+  ASSERT_TRUE(after.ok()) << after.error().message;
+  std::string payload(64 * 1024, 'v');
+  for (int fd : {before->get(), after->get()}) {
+    auto e = echoRoundTrip(fd, payload);
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    EXPECT_EQ(*e, payload);
+  }
+  const std::string pin = h_->bpffs().root() + "/sock_verdict";
+  Fd map(::bpf_obj_get(pin.c_str()));
+  ASSERT_TRUE(map.valid()) << pin << ": " << std::strerror(errno);
+  auto verdictOf = [&](int sockFd) -> int {
+    sluice_sock_verdict v{};
+    if (::bpf_map_lookup_elem(map.get(), &sockFd, &v) != 0) return -errno;
+    return static_cast<int>(v.verdict);
+  };
+  EXPECT_EQ(verdictOf(after->get()), SLUICE_VERDICT_OWNED);
+  EXPECT_EQ(verdictOf(before->get()), SLUICE_VERDICT_PASS);
+  // Only the redirected connection went through the proxy, and every
+  // later packet of it was handed to the proxy's socket.
+  EXPECT_EQ(h_->events("outbound").size(), 1u) << describe(h_->events());
+  EXPECT_GE(h_->stats().owned_pkts, 10u);
   EXPECT_EQ(h_->stats().dropped_pkts, 0u);
 }
 
