@@ -17,6 +17,7 @@
 #include "loader/privileges.h"
 #include "loader/netlink.h"
 #include "loader/netns.h"
+#include "loader/pod_stats.h"
 #include "loader/sysctl.h"
 
 namespace sluice {
@@ -681,17 +682,7 @@ Result<std::vector<PodCounters>> Datapath::stats(const std::optional<std::string
     if (id && p.id != *id) continue;
     PodCounters c;
     c.id = p.id;
-    for (const auto& v : programs_->podStats.lookupPerCpu(p.netnsCookie)) {
-      c.stats.outbound_conns += v.outbound_conns;
-      c.stats.inbound_conns += v.inbound_conns;
-      c.stats.dns_tcp_conns += v.dns_tcp_conns;
-      c.stats.dns_udp_queries += v.dns_udp_queries;
-      c.stats.dns_answers += v.dns_answers;
-      c.stats.owned_pkts += v.owned_pkts;
-      c.stats.passed_pkts += v.passed_pkts;
-      c.stats.dropped_pkts += v.dropped_pkts;
-      c.stats.probe_conns += v.probe_conns;
-    }
+    c.stats = sumPerCpu(programs_->podStats.lookupPerCpu(p.netnsCookie));
     out.push_back(c);
   }
   return out;

@@ -26,6 +26,7 @@
 #include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/netlink.h"
+#include "loader/pod_stats.h"
 #include "loader/netns.h"
 
 namespace sluice::test {
@@ -212,15 +213,7 @@ std::string describeCounters(const sluice_pod_stats& s) {
   auto field = [&](const char* name, __u64 v) {
     if (v) o << (o.tellp() ? " " : "") << name << "=" << v;
   };
-  field("outbound_conns", s.outbound_conns);
-  field("inbound_conns", s.inbound_conns);
-  field("dns_tcp_conns", s.dns_tcp_conns);
-  field("dns_udp_queries", s.dns_udp_queries);
-  field("dns_answers", s.dns_answers);
-  field("owned_pkts", s.owned_pkts);
-  field("passed_pkts", s.passed_pkts);
-  field("dropped_pkts", s.dropped_pkts);
-  field("probe_conns", s.probe_conns);
+  eachCounter(s, field);
   std::string r = o.str();
   return r.empty() ? "all zero" : r;
 }
@@ -444,19 +437,7 @@ std::optional<sluice_pod_stats> Sandbox::counters() const { return countersOf(co
 std::optional<sluice_pod_stats> Sandbox::countersOf(uint64_t cookie) const {
   auto per = programs().podStats.lookupPerCpu(cookie);
   if (per.empty()) return std::nullopt;
-  sluice_pod_stats sum{};
-  for (const auto& v : per) {
-    sum.outbound_conns += v.outbound_conns;
-    sum.inbound_conns += v.inbound_conns;
-    sum.dns_tcp_conns += v.dns_tcp_conns;
-    sum.dns_udp_queries += v.dns_udp_queries;
-    sum.dns_answers += v.dns_answers;
-    sum.owned_pkts += v.owned_pkts;
-    sum.passed_pkts += v.passed_pkts;
-    sum.dropped_pkts += v.dropped_pkts;
-    sum.probe_conns += v.probe_conns;
-  }
-  return sum;
+  return sumPerCpu(per);
 }
 
 std::vector<std::pair<sluice_dns_nat_key, sluice_dns_nat_value>> Sandbox::natEntries() const {

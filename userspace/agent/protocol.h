@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "loader/datapath.h"
+#include "loader/pod_stats.h"
 #include "loader/result.h"
 
 namespace sluice::agent {
@@ -69,20 +70,6 @@ nlohmann::json encodePodSpec(const PodSpec& s);
 Result<PodSpec> decodePodSpec(const nlohmann::json& j);
 nlohmann::json encodePodInfo(const PodInfo& p);
 Result<PodInfo> decodePodInfo(const nlohmann::json& j);
-/// Calls f(name, field) for each counter, in wire order; the names are
-/// those of `sluicectl stats` and the API.
-template <typename S, typename F>
-void eachCounter(S& s, F f) {
-  f("outbound_conns", s.outbound_conns);
-  f("inbound_conns", s.inbound_conns);
-  f("dns_tcp_conns", s.dns_tcp_conns);
-  f("dns_udp_queries", s.dns_udp_queries);
-  f("dns_answers", s.dns_answers);
-  f("owned_pkts", s.owned_pkts);
-  f("passed_pkts", s.passed_pkts);
-  f("dropped_pkts", s.dropped_pkts);
-  f("probe_conns", s.probe_conns);
-}
 
 nlohmann::json encodeCounters(const PodCounters& c);
 Result<PodCounters> decodeCounters(const nlohmann::json& j);

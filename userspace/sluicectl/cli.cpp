@@ -208,11 +208,11 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
   std::ostringstream o;
   o << std::left << std::setw(24) << "ID";
   const sluice_pod_stats header{};
-  agent::eachCounter(header, [&](const char* k, uint64_t) { o << std::right << std::setw(16) << k; });
+  eachCounter(header, [&](const char* k, uint64_t) { o << std::right << std::setw(16) << k; });
   o << "\n";
   for (const auto& c : stats) {
     o << std::left << std::setw(24) << c.id;
-    agent::eachCounter(c.stats, [&](const char*, uint64_t v) { o << std::right << std::setw(16) << v; });
+    eachCounter(c.stats, [&](const char*, uint64_t v) { o << std::right << std::setw(16) << v; });
     o << "\n";
   }
   return o.str();
