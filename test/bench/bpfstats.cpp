@@ -1,6 +1,7 @@
 #include "test/bench/bpfstats.h"
 
 #include <bpf/bpf.h>
+#include <linux/pkt_cls.h>
 
 #include <cstring>
 #include <fstream>
@@ -45,6 +46,15 @@ BpfStatsOn::BpfStatsOn() {
 
 BpfStatsOn::~BpfStatsOn() {
   if (!previous_.empty()) (void)writeSysctl(previous_);
+}
+
+Fd loadEmptyTcProgram(const char* name) {
+  struct bpf_insn insns[2] = {};
+  insns[0].code = BPF_ALU64 | BPF_MOV | BPF_K;  // r0 = TC_ACT_OK
+  insns[0].dst_reg = BPF_REG_0;
+  insns[0].imm = TC_ACT_OK;
+  insns[1].code = BPF_JMP | BPF_EXIT;
+  return Fd(bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, name, "GPL", insns, 2, nullptr));
 }
 
 ProgRun progRun(int progFd) {

@@ -35,6 +35,10 @@ struct ProgRun {
 };
 ProgRun progRun(int progFd);
 
+/// An empty TC program (r0 = TC_ACT_OK; exit) named @p name: what one run
+/// costs on this machine with nothing in it. Invalid Fd on error (errno).
+Fd loadEmptyTcProgram(const char* name);
+
 /// The value of kernel.bpf_stats_enabled ("" when unreadable).
 std::string bpfStatsSysctl();
 

@@ -3,6 +3,10 @@
 #include <arpa/inet.h>
 
 #include "loader/netns.h"
+#include "loader/tc.h"
+#include "maps/sluice_maps.h"
+#include "minimal_tc.skel.h"
+#include "test/bench/bpfstats.h"
 
 namespace sluice::bench {
 
@@ -23,9 +27,12 @@ const char* caseName(CaseKind k) {
     case CaseKind::IptablesLegacy: return "iptables-legacy";
     case CaseKind::SluiceTcx: return "sluice-tcx";
     case CaseKind::SluiceLegacy: return "sluice-legacy";
+    case CaseKind::TcMinimal: return "tc-minimal";
   }
   return "?";
 }
+
+bool caseRuns(CaseKind k, const std::string& workload) { return k != CaseKind::TcMinimal || workload != "dns"; }
 
 std::optional<CaseKind> parseCase(const std::string& s) {
   for (CaseKind k : kAllCases)
@@ -66,11 +73,11 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
     if (!rules) return Error::msg(what + "no rule files");
     auto t = applyIstioRules(env->podFd_.get(), kind == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy, *rules);
     if (!t.ok()) return Error::msg(what + t.error().message);
-  } else if (isSluice(kind)) {
+  } else if (isTproxyStyle(kind)) {
     env->bpffs_ = std::make_unique<sluice::test::TestBpffs>();
     DatapathOptions o;
     o.bpffsRoot = env->bpffs_->root();
-    o.tcMode = kind == CaseKind::SluiceTcx ? TcMode::Tcx : TcMode::Legacy;
+    o.tcMode = kind == CaseKind::SluiceLegacy ? TcMode::Legacy : TcMode::Tcx;
     auto dp = Datapath::open(o);
     if (!dp.ok()) return Error::msg(what + "Datapath::open: " + dp.error().message);
     env->dp_ = std::move(*dp);
@@ -85,7 +92,41 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
   auto sink = Sink::start(sc);
   if (!sink.ok()) return Error::msg(what + sink.error().message);
   env->sink_ = std::move(*sink);
+  if (kind == CaseKind::TcMinimal) {
+    Status st = env->swapInMinimal();
+    if (!st.ok()) return Error::msg(what + st.error().message);
+  }
   return env;
+}
+
+/// Loads minimal_tc.bpf.c, hands it the sink's listeners and swaps it into
+/// the links sluice made for the pod's eth0 (bpf_link_update: the same
+/// attachments, policy route and sysctls as sluice-tcx). tc-minimal does no
+/// DNS: lo's link gets an empty program, whose run time in traffic is what
+/// a run costs here with nothing in it.
+Status CaseEnv::swapInMinimal() {
+  minimal_tc* skel = minimal_tc__open();
+  if (!skel) return Error::fromErrno(errno, "tc-minimal: open the BPF object");
+  minimal_.reset(skel, minimal_tc__destroy);
+  skel->rodata->out_net = htonl(kServiceNet);
+  skel->rodata->out_port = htons(80);
+  skel->rodata->in_net = htonl(kAnyIpNet);
+  skel->rodata->in_port = htons(8080);
+  skel->rodata->return_mark = dp_->options().settings.returnMark;
+  if (int err = minimal_tc__load(skel); err != 0) return Error::fromErrno(-err, "tc-minimal: load the BPF object");
+  int mapFd = bpf_map__fd(skel->maps.listeners);
+  const uint32_t keys[2] = {0, 1};
+  const uint64_t socks[2] = {static_cast<uint64_t>(sink_->outboundListenerFd()),
+                             static_cast<uint64_t>(sink_->inboundListenerFd())};
+  for (int i = 0; i < 2; i++)
+    if (bpf_map_update_elem(mapFd, &keys[i], &socks[i], BPF_ANY) != 0)
+      return Error::fromErrno(errno, "tc-minimal: put the sink's listener in the SOCKMAP");
+  const std::string dir = dp_->options().bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR + "/" + podId_;
+  SLUICE_TRY(updateTcx(dir + "/eth0_egress", bpf_program__fd(skel->progs.minimal_egress)));
+  SLUICE_TRY(updateTcx(dir + "/eth0_ingress", bpf_program__fd(skel->progs.minimal_ingress)));
+  empty_ = loadEmptyTcProgram("minimal_empty");
+  if (!empty_.valid()) return Error::fromErrno(errno, "tc-minimal: load the empty program");
+  return updateTcx(dir + "/lo_egress", empty_.get());
 }
 
 CaseEnv::~CaseEnv() {
@@ -112,8 +153,18 @@ sockaddr_in CaseEnv::resolver() const {
   return kind_ == CaseKind::Floor ? v4("127.0.0.1", 15053) : v4(kResolver, 53);
 }
 
+std::vector<CaseProgram> CaseEnv::programs() {
+  if (minimal_)
+    return {{"minimal_egress", bpf_program__fd(minimal_->progs.minimal_egress)},
+            {"minimal_ingress", bpf_program__fd(minimal_->progs.minimal_ingress)},
+            {"empty (lo egress)", empty_.get()}};
+  if (!dp_) return {};
+  PodPrograms& p = dp_->programs();
+  return {{"pod_egress", p.egressFd()}, {"pod_ingress", p.ingressFd()}, {"pod_lo_egress", p.loEgressFd()}};
+}
+
 sluice_pod_stats CaseEnv::podStats() {
-  if (!dp_ || !enrolled_) return {};
+  if (!dp_ || !enrolled_ || minimal_) return {};
   auto s = dp_->stats(podId_);
   if (!s.ok() || s->empty()) return {};
   return s->front().stats;
@@ -169,13 +220,14 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     if (!c.peerIp.empty() && ipOf(seen->peer) != c.peerIp) fails.push_back(how + ": peer is not " + c.peerIp);
     if (isIptables(kind_) && (seen->soOriginalDst != want || seen->local != c.redirectedTo))
       fails.push_back(how + ": expected REDIRECT to " + c.redirectedTo + " with SO_ORIGINAL_DST " + want);
-    if (isSluice(kind_) && (seen->local != want || !seen->soOriginalDst.empty()))
+    if (isTproxyStyle(kind_) && (seen->local != want || !seen->soOriginalDst.empty()))
       fails.push_back(how + ": expected TPROXY-style delivery (local address " + want + ", no conntrack NAT)");
     if (floor && seen->local != want) fails.push_back(how + ": floor connection did not reach the proxy port directly");
   }
   sink_->setRecording(false);
 
   // DNS through the UDP capture, from a connected socket.
+  if (!caseRuns(kind_, "dns")) return fails;
   sockaddr_in res = resolver();
   std::string resText = sockaddrText(reinterpret_cast<sockaddr*>(&res));
   uint64_t dnsBefore = sink_->counters().dnsQueries;

@@ -13,6 +13,9 @@
 //   iptables-legacy  same, iptables-legacy-restore      same                     SO_ORIGINAL_DST
 //   sluice-tcx       Datapath, tcx links                same                     getsockname
 //   sluice-legacy    Datapath, clsact + cls_bpf         same                     getsockname
+//   tc-minimal       sluice-tcx's enrollment with       same (no DNS)            getsockname
+//                    minimal_tc.bpf.c's programs swapped
+//                    into its links: the mechanism alone
 //
 // Outbound clients run in the pod, inbound ones in the node; DNS clients in
 // the pod query 10.96.0.10:53 (floor: 127.0.0.1:15053 directly).
@@ -30,16 +33,28 @@
 #include "test/bench/sink.h"
 #include "test/common/topology.h"
 
+struct minimal_tc;  // minimal_tc.skel.h (tc-minimal's programs)
+
 namespace sluice::bench {
 
-enum class CaseKind { Floor, Iptables, IptablesLegacy, SluiceTcx, SluiceLegacy };
-inline constexpr CaseKind kAllCases[] = {CaseKind::Floor, CaseKind::Iptables, CaseKind::IptablesLegacy,
-                                         CaseKind::SluiceTcx, CaseKind::SluiceLegacy};
+enum class CaseKind { Floor, Iptables, IptablesLegacy, SluiceTcx, SluiceLegacy, TcMinimal };
+inline constexpr CaseKind kAllCases[] = {CaseKind::Floor,     CaseKind::Iptables,     CaseKind::IptablesLegacy,
+                                         CaseKind::SluiceTcx, CaseKind::SluiceLegacy, CaseKind::TcMinimal};
 
 const char* caseName(CaseKind k);
 std::optional<CaseKind> parseCase(const std::string& s);
 inline bool isSluice(CaseKind k) { return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy; }
 inline bool isIptables(CaseKind k) { return k == CaseKind::Iptables || k == CaseKind::IptablesLegacy; }
+/// Cases whose sink sees the original destination as its local address.
+inline bool isTproxyStyle(CaseKind k) { return isSluice(k) || k == CaseKind::TcMinimal; }
+/// tc-minimal redirects TCP only: it has no DNS figure.
+bool caseRuns(CaseKind k, const std::string& workload);
+
+/// A BPF program of a case, for its run-time statistics.
+struct CaseProgram {
+  std::string name;
+  int fd = -1;
+};
 
 inline constexpr const char* kDnsAnswer = "10.96.0.99";
 
@@ -68,6 +83,9 @@ class CaseEnv {
   /// The pod's sluice counters (zero for the other cases).
   sluice_pod_stats podStats();
 
+  /// The BPF programs on the pod's hooks (none for floor and iptables).
+  std::vector<CaseProgram> programs();
+
   /// One outbound and one inbound connection and one DNS query, each checked
   /// in detail (original destination, how the sink got it, who the peer
   /// is, sluice's counters), plus controls for the floor. Returns the
@@ -76,6 +94,7 @@ class CaseEnv {
 
  private:
   explicit CaseEnv(CaseKind k) : kind_(k) {}
+  Status swapInMinimal();
 
   CaseKind kind_;
   std::unique_ptr<sluice::test::TestBpffs> bpffs_;
@@ -85,6 +104,8 @@ class CaseEnv {
   std::string podId_;
   bool enrolled_ = false;
   std::unique_ptr<Sink> sink_;
+  std::shared_ptr<::minimal_tc> minimal_;
+  Fd empty_;
 };
 
 }  // namespace sluice::bench

@@ -53,7 +53,9 @@ void usage(std::ostream& o) {
 
 Compares, on identical pod topologies in throw-away network namespaces:
 floor (no redirection), iptables (Istio's in-pod rules, nf_tables backend),
-iptables-legacy, sluice-tcx and sluice-legacy (clsact). Needs root.
+iptables-legacy, sluice-tcx, sluice-legacy (clsact) and tc-minimal (sluice-tcx's
+attachments running the least a TC redirect must do: the mechanism's cost,
+no DNS). Needs root.
 
   --quick               smoke test (< 1 min): 1 short round, few pods; fails only
                         when a case did not really redirect
@@ -414,7 +416,8 @@ void trafficPhase(Results& res, const IstioRules* rules) {
   const Config& c = res.cfg;
   declareMetrics(res);
   for (auto& m : res.metrics)
-    for (CaseKind k : c.cases) m.rounds[k].assign(static_cast<size_t>(c.rounds), NAN);
+    for (CaseKind k : c.cases)
+      if (caseRuns(k, m.key.substr(0, m.key.find('.')))) m.rounds[k].assign(static_cast<size_t>(c.rounds), NAN);
   for (int round = 0; round < c.rounds && !gStop; round++) {
     auto t0 = Clock::now();
     res.roundLoad.push_back(loadAverage());
@@ -426,6 +429,7 @@ void trafficPhase(Results& res, const IstioRules* rules) {
       // A B C ... each round, starting one case later every round.
       for (size_t i = 0; i < envs.size() && !gStop; i++) {
         CaseEnv& env = *envs[(i + static_cast<size_t>(round)) % envs.size()];
+        if (!caseRuns(env.kind(), w)) continue;
         Outcome o = measure(env, w, c, c.duration);
         auto& ck = res.checks[env.kind()];
         for (const auto& f : o.failures) ck.failures.push_back("round " + std::to_string(round + 1) + ": " + f);
@@ -447,13 +451,14 @@ void bpfPhase(Results& res, const IstioRules* rules) {
   const Config& c = res.cfg;
   std::vector<CaseKind> kinds;
   for (CaseKind k : c.cases)
-    if (isSluice(k)) kinds.push_back(k);
+    if (isTproxyStyle(k)) kinds.push_back(k);
   if (kinds.empty()) return;
   res.bpfStatsBefore = bpfStatsSysctl();
   auto envs = buildEnvs(kinds, rules, res, false, false);
   // BPF_PROG_TEST_RUN first, without run-time stats (they would add to it).
   for (auto& env : envs) {
     if (gStop) break;
+    if (!isSluice(env->kind())) continue;
     res.micro[env->kind()] = runMicro(*env, c.microRuns);
     std::cerr << "  test_run micro " << env->name() << " done\n";
   }
@@ -465,19 +470,18 @@ void bpfPhase(Results& res, const IstioRules* rules) {
     }
     res.bpfStatsHow = on.how();
     for (auto& env : envs) {
-      PodPrograms& p = env->datapath()->programs();
-      std::vector<std::pair<std::string, int>> progs = {
-          {"pod_egress", p.egressFd()}, {"pod_ingress", p.ingressFd()}, {"pod_lo_egress", p.loEgressFd()}};
+      std::vector<CaseProgram> progs = env->programs();
       for (const auto& w : c.workloads) {
         if (gStop) break;
+        if (!caseRuns(env->kind(), w)) continue;
         std::vector<ProgRun> before;
-        for (const auto& [name, fd] : progs) before.push_back(progRun(fd));
+        for (const auto& p : progs) before.push_back(progRun(p.fd));
         Outcome o = measure(*env, w, c, c.bpfDuration);
         auto& ck = res.checks[env->kind()];
         for (const auto& f : o.failures) ck.failures.push_back("bpf stats run: " + f);
         for (size_t i = 0; i < progs.size(); i++) {
-          ProgRun d = progRun(progs[i].second) - before[i];
-          res.bpf[env->kind()].push_back(ProgSample{progs[i].first, w, d.ns, d.cnt});
+          ProgRun d = progRun(progs[i].fd) - before[i];
+          res.bpf[env->kind()].push_back(ProgSample{progs[i].name, w, d.ns, d.cnt});
         }
         std::cerr << "  bpf stats " << w << " " << env->name() << " done\n";
       }

@@ -11,6 +11,7 @@
 
 #include "loader/netns.h"
 #include "maps/sluice_maps.h"
+#include "test/bench/bpfstats.h"
 #include "test/bench/util.h"
 #include "test/bpf/packet.h"
 
@@ -61,12 +62,7 @@ std::vector<MicroSample> runMicro(CaseEnv& env, int runs) {
     return {};
   });
   // The fixed cost of a run as this machine times it: an empty program.
-  struct bpf_insn empty[2] = {};
-  empty[0].code = BPF_ALU64 | BPF_MOV | BPF_K;  // r0 = TC_ACT_OK
-  empty[0].dst_reg = BPF_REG_0;
-  empty[0].imm = TC_ACT_OK;
-  empty[1].code = BPF_JMP | BPF_EXIT;
-  Fd emptyProg(bpf_prog_load(BPF_PROG_TYPE_SCHED_CLS, "sluice_bench_nop", "GPL", empty, 2, nullptr));
+  Fd emptyProg = loadEmptyTcProgram("sluice_bench_nop");
   const uint32_t tag = SLUICE_TAG_MAGIC;
   std::vector<Kind> kinds = {
       {"baseline", "empty program (timer and call overhead)", emptyProg.get(),

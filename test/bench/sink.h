@@ -85,6 +85,10 @@ class Sink {
   void setRecording(bool on);
   std::vector<ConnInfo> recorded() const;
 
+  /// The listening sockets (for a SOCKMAP that hands them connections).
+  int outboundListenerFd() const { return outL_.get(); }
+  int inboundListenerFd() const { return inL_.get(); }
+
  private:
   Sink() = default;
   void serve();
