@@ -240,10 +240,11 @@ int pod_egress(struct __sk_buff *skb)
 
 /* Hands a new connection to the TCP listener on port, with TPROXY
  * semantics: the headers stay, so the accepted socket's local address is
- * the original destination. No listener: fail closed. */
+ * the original destination. No listener: fail closed. The listener comes
+ * from pod_listeners when the pod's was seen before (lib/sock.h). */
 static __always_inline int to_listener(struct ctx *c, const __u32 *daddr, __u16 port)
 {
-	struct bpf_sock *sk = listener_lookup(c->skb, &c->f, daddr, port);
+	struct bpf_sock *sk = pod_listener(c->skb, &c->f, c->cookie, daddr, port);
 
 	if (!sk || assign_release(c->skb, sk) < 0)
 		return drop(c);

@@ -644,6 +644,17 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   keep(removeTree(dir));
 
   keep(programs_->podStats.erase(rec.netns_cookie));
+  // The proxy's listeners the programs kept (they leave by themselves when
+  // closed; a proxy that stays in an unenrolled pod keeps its sockets).
+  const Settings& set = options_.settings;
+  for (uint16_t port : {set.outboundPort, set.inboundPort, set.dnsPort})
+    for (uint8_t family : {uint8_t{AF_INET}, uint8_t{AF_INET6}}) {
+      sluice_listener_key lk{};
+      lk.netns_cookie = rec.netns_cookie;
+      lk.port = port;
+      lk.family = family;
+      keep(programs_->podListeners.erase(lk));
+    }
   for (const auto& k : programs_->dnsNat.keys())
     if (k.netns_cookie == rec.netns_cookie) keep(programs_->dnsNat.erase(k));
   // The record goes last, and only when everything else is gone, so that a

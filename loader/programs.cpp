@@ -70,6 +70,7 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   SLUICE_TRY(bindMap(m.snat_fwd, snatFwd));
   SLUICE_TRY(bindMap(m.snat_rev, snatRev));
   SLUICE_TRY(bindMap(m.snat_closed, snatClosed));
+  SLUICE_TRY(bindMap(m.pod_listeners, podListeners));
   return {};
 }
 

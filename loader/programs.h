@@ -49,6 +49,7 @@ class PodPrograms {
   BpfMap<sluice_snat_key, sluice_snat_value> snatFwd;
   BpfMap<sluice_snat_key, sluice_snat_value> snatRev;
   BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
+  BpfMap<sluice_listener_key, __u64> podListeners;  ///< SOCKHASH: values are sockets
 
  private:
   PodPrograms() = default;

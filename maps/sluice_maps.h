@@ -65,6 +65,23 @@ struct sluice_sock_verdict {
 	__u32 verdict; /* enum sluice_verdict */
 };
 
+/*
+ * The proxy's TCP listeners, found once per pod, port and family with a
+ * socket-table search and then taken from the SOCKHASH `pod_listeners`
+ * (one hash lookup per new connection instead of the kernel's established
+ * and listener searches). Only listeners bound to the wildcard address are
+ * kept: for them the search's answer does not depend on the destination.
+ * A listener leaves the map when it is closed; pod removal deletes the
+ * pod's keys. The value is the socket (bpftool shows its cookie).
+ */
+struct sluice_listener_key {
+	__u64 netns_cookie;
+	__u16 port;  /* host byte order */
+	__u8 family; /* of the packets it serves: AF_INET / AF_INET6 */
+	__u8 pad[5];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_key layout");
+
 /* Pod flags (struct sluice_pod_config.flags). */
 #define SLUICE_POD_DNS_CAPTURE (1u << 0)
 #define SLUICE_POD_INBOUND_CAPTURE (1u << 1)
@@ -78,6 +95,7 @@ struct sluice_sock_verdict {
 /* Capacities. */
 #define SLUICE_MAX_PODS 16384
 #define SLUICE_DNS_NAT_ENTRIES 65536
+#define SLUICE_LISTENER_ENTRIES (SLUICE_MAX_PODS * 4) /* outbound + inbound, v4 + v6 */
 #define SLUICE_MAX_POD_ADDRS 8
 #define SLUICE_POD_ADDR_ENTRIES (SLUICE_MAX_PODS * 4)
 #define SLUICE_SNAT_ENTRIES 65536
@@ -97,6 +115,7 @@ struct sluice_sock_verdict {
 #define SLUICE_PIN_SNAT_FWD "snat_fwd"
 #define SLUICE_PIN_SNAT_REV "snat_rev"
 #define SLUICE_PIN_SNAT_CLOSED "snat_closed"
+#define SLUICE_PIN_POD_LISTENERS "pod_listeners"
 #define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
 
 /*

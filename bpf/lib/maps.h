@@ -55,6 +55,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_verdict SEC(".maps");
 
+/* The proxy's wildcard-bound TCP listeners per pod, port and family
+ * (struct sluice_listener_key), filled by the programs (lib/sock.h). */
+struct {
+	__uint(type, BPF_MAP_TYPE_SOCKHASH);
+	__uint(max_entries, SLUICE_LISTENER_ENTRIES);
+	__type(key, struct sluice_listener_key);
+	__type(value, __u64);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} pod_listeners SEC(".maps");
+
 /* Registry of enrolled pods; written and read by user space only. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

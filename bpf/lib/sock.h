@@ -67,6 +67,37 @@ static __always_inline struct bpf_sock *listener_lookup(struct __sk_buff *skb, c
 	return sk;
 }
 
+static __always_inline int bound_to_wildcard(const struct bpf_sock *sk)
+{
+	if (sk->family == AF_INET)
+		return sk->src_ip4 == 0;
+	return (sk->src_ip6[0] | sk->src_ip6[1] | sk->src_ip6[2] | sk->src_ip6[3]) == 0;
+}
+
+/*
+ * listener_lookup through the pod_listeners cache (maps/sluice_maps.h):
+ * the pod's listener on port for packets of f's family. A miss searches
+ * the socket table and keeps a wildcard-bound answer; failing to keep it
+ * (no memory, a socket another user already holds) only costs the next
+ * connection the search again.
+ */
+static __always_inline struct bpf_sock *pod_listener(struct __sk_buff *skb, const struct flow *f,
+						     __u64 cookie, const __u32 *daddr, __u16 port)
+{
+	struct sluice_listener_key k = { .netns_cookie = cookie, .port = port, .family = f->family };
+	struct bpf_sock *sk = bpf_map_lookup_elem(&pod_listeners, &k);
+
+	if (sk) {
+		if (sk->state == BPF_TCP_LISTEN)
+			return sk;
+		bpf_sk_release(sk);
+	}
+	sk = listener_lookup(skb, f, daddr, port);
+	if (sk && bound_to_wildcard(sk))
+		bpf_map_update_elem(&pod_listeners, &k, sk, BPF_ANY);
+	return sk;
+}
+
 /* The UDP socket bound to daddr:port, if any. */
 static __always_inline struct bpf_sock *udp_lookup(struct __sk_buff *skb, const struct flow *f,
 						   const __u32 *daddr, __u16 port)

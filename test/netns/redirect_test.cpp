@@ -26,6 +26,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <set>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -609,6 +610,73 @@ TEST_P(Redirect, DecisionIsRememberedOnTheAppSocket) {
   EXPECT_EQ(h_->events("outbound").size(), 1u) << describe(h_->events());
   EXPECT_GE(h_->stats().owned_pkts, 10u);
   EXPECT_EQ(h_->stats().dropped_pkts, 0u);
+}
+
+// The proxy's listeners are searched for in the socket table once and then
+// kept in pod_listeners (SOCKHASH; key: netns cookie, port, family of the
+// packets): a new connection costs one hash lookup. A listener leaves the
+// map when the proxy closes it, a restarted proxy's listener is found and
+// kept again, and removing the pod deletes its keys even while the proxy
+// still runs.
+//
+//   out + in connection --> {(cookie, 15001, fam), (cookie, 15006, fam)}
+//   proxy stops --> {} ; proxy again + out --> {(cookie, 15001, fam)}
+//   pod removed --> {}
+TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
+  auto server = tcpServer(h_->node(), nodeEp(0));
+  ASSERT_TRUE(server);
+  auto app = tcpServer(h_->pod(), Endpoint::any(family()));
+  ASSERT_TRUE(app);
+  enrollWithProxy();
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok()) << cookie.error().message;
+  const std::string pin = h_->bpffs().root() + "/" + SLUICE_PIN_POD_LISTENERS;
+  Fd map(::bpf_obj_get(pin.c_str()));
+  ASSERT_TRUE(map.valid()) << pin << ": " << std::strerror(errno);
+  using Keys = std::set<std::pair<int, int>>;  // (port, family)
+  auto podKeys = [&] {
+    Keys out;
+    sluice_listener_key k{}, next{};
+    const sluice_listener_key* prev = nullptr;
+    while (::bpf_map_get_next_key(map.get(), prev, &next) == 0) {
+      if (next.netns_cookie == *cookie) out.insert({next.port, next.family});
+      k = next;
+      prev = &k;
+    }
+    return out;
+  };
+  auto roundTrip = [&](const TestNetns& from, const Endpoint& to) {
+    auto c = tcpConnect(from, to);
+    ASSERT_TRUE(c.ok()) << c.error().message << describe(h_->events());
+    auto e = echoRoundTrip(c->get(), "kept");
+    ASSERT_TRUE(e.ok()) << e.error().message;
+    EXPECT_EQ(*e, "kept");
+  };
+  EXPECT_EQ(podKeys(), Keys{}) << "nothing is kept before a connection needs it";
+  for (int i = 0; i < 3; i++) roundTrip(h_->pod(), server->local());
+  roundTrip(h_->node(), podEp(app->port()));
+  EXPECT_EQ(podKeys(), (Keys{{15001, family()}, {15006, family()}}));
+  // What `bpftool map dump` prints for a value: the socket's cookie.
+  sluice_listener_key k{};
+  k.netns_cookie = *cookie;
+  k.port = 15001;
+  k.family = static_cast<uint8_t>(family());
+  uint64_t sockCookie = 0;
+  EXPECT_EQ(::bpf_map_lookup_elem(map.get(), &k, &sockCookie), 0) << std::strerror(errno);
+  EXPECT_NE(sockCookie, 0u);
+  EXPECT_EQ(h_->events("outbound").size(), 3u) << describe(h_->events());
+  EXPECT_EQ(h_->events("inbound").size(), 1u) << describe(h_->events());
+
+  h_->stopStandIn();
+  EXPECT_EQ(podKeys(), Keys{}) << "a closed listener must leave the map";
+  ASSERT_TRUE(h_->startStandIn().ok());
+  roundTrip(h_->pod(), server->local());
+  EXPECT_EQ(podKeys(), (Keys{{15001, family()}}));
+  EXPECT_EQ(h_->events("outbound").size(), 1u) << "the restarted stand-in's " << describe(h_->events());
+  EXPECT_EQ(h_->stats().dropped_pkts, 0u);
+
+  ASSERT_TRUE(h_->unenroll().ok());
+  EXPECT_EQ(podKeys(), Keys{}) << "pod removal must delete the pod's keys";
 }
 
 // Many connections at once all reach the proxy and their servers.
