@@ -70,7 +70,9 @@ struct sluice_sock_verdict {
  * socket-table search and then taken from the SOCKHASH `pod_listeners`
  * (one hash lookup per new connection instead of the kernel's established
  * and listener searches). Only listeners bound to the wildcard address are
- * kept: for them the search's answer does not depend on the destination.
+ * kept: for them the search's answer does not depend on the destination
+ * (unless a listener bound to a specific address shares the port; the
+ * proxy's contract has none, spec/redirection.md).
  * A listener leaves the map when it is closed; pod removal deletes the
  * pod's keys. The value is the socket (bpftool shows its cookie).
  */

@@ -459,7 +459,7 @@ void printReport(const Results& r, std::ostream& out) {
       uint64_t before = 0;
       for (const auto& b : s.mapsBefore)
         if (b.name == a.name) before = b.memlock;
-      out << "      " << pad(a.name, 12, false) << pad(a.type, 16, false) << pad(std::to_string(a.maxEntries), 8)
+      out << "      " << pad(a.name, 15, false) << pad(a.type, 16, false) << pad(std::to_string(a.maxEntries), 8)
           << " entries max  " << pad(kib(before), 14) << " -> " << pad(kib(a.memlock), 14) << "\n";
     }
     out << "  RSS of this process: " << s.rssBeforeKb << " KiB before Datapath::open, " << s.rssAfterOpenKb
