@@ -631,18 +631,14 @@ TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
   auto cookie = h_->pod().cookie();
   ASSERT_TRUE(cookie.ok()) << cookie.error().message;
   const std::string pin = h_->bpffs().root() + "/" + SLUICE_PIN_POD_LISTENERS;
-  Fd map(::bpf_obj_get(pin.c_str()));
-  ASSERT_TRUE(map.valid()) << pin << ": " << std::strerror(errno);
+  Fd pinned(::bpf_obj_get(pin.c_str()));
+  ASSERT_TRUE(pinned.valid()) << pin << ": " << std::strerror(errno);
+  const auto& map = h_->datapath().programs().podListeners;
   using Keys = std::set<std::pair<int, int>>;  // (port, family)
   auto podKeys = [&] {
     Keys out;
-    sluice_listener_key k{}, next{};
-    const sluice_listener_key* prev = nullptr;
-    while (::bpf_map_get_next_key(map.get(), prev, &next) == 0) {
-      if (next.netns_cookie == *cookie) out.insert({next.port, next.family});
-      k = next;
-      prev = &k;
-    }
+    for (const auto& k : map.keys())
+      if (k.netns_cookie == *cookie) out.insert({k.port, k.family});
     return out;
   };
   auto roundTrip = [&](const TestNetns& from, const Endpoint& to) {
@@ -661,9 +657,9 @@ TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
   k.netns_cookie = *cookie;
   k.port = 15001;
   k.family = static_cast<uint8_t>(family());
-  uint64_t sockCookie = 0;
-  EXPECT_EQ(::bpf_map_lookup_elem(map.get(), &k, &sockCookie), 0) << std::strerror(errno);
-  EXPECT_NE(sockCookie, 0u);
+  auto sockCookie = map.lookup(k);
+  ASSERT_TRUE(sockCookie.has_value());
+  EXPECT_NE(*sockCookie, 0u);
   EXPECT_EQ(h_->events("outbound").size(), 3u) << describe(h_->events());
   EXPECT_EQ(h_->events("inbound").size(), 1u) << describe(h_->events());
 
