@@ -4,7 +4,6 @@
 
 #include "loader/netns.h"
 #include "loader/tc.h"
-#include "maps/sluice_maps.h"
 #include "minimal_tc.skel.h"
 #include "test/bench/bpfstats.h"
 
@@ -121,7 +120,7 @@ Status CaseEnv::swapInMinimal() {
   for (int i = 0; i < 2; i++)
     if (bpf_map_update_elem(mapFd, &keys[i], &socks[i], BPF_ANY) != 0)
       return Error::fromErrno(errno, "tc-minimal: put the sink's listener in the SOCKMAP");
-  const std::string dir = dp_->options().bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR + "/" + podId_;
+  const std::string dir = bpffs_->linkDir(podId_);
   SLUICE_TRY(updateTcx(dir + "/eth0_egress", bpf_program__fd(skel->progs.minimal_egress)));
   SLUICE_TRY(updateTcx(dir + "/eth0_ingress", bpf_program__fd(skel->progs.minimal_ingress)));
   empty_ = loadEmptyTcProgram("minimal_empty");
@@ -157,7 +156,7 @@ std::vector<CaseProgram> CaseEnv::programs() {
   if (minimal_)
     return {{"minimal_egress", bpf_program__fd(minimal_->progs.minimal_egress)},
             {"minimal_ingress", bpf_program__fd(minimal_->progs.minimal_ingress)},
-            {"empty (lo egress)", empty_.get()}};
+            {kEmptyProgramName, empty_.get()}};
   if (!dp_) return {};
   PodPrograms& p = dp_->programs();
   return {{"pod_egress", p.egressFd()}, {"pod_ingress", p.ingressFd()}, {"pod_lo_egress", p.loEgressFd()}};

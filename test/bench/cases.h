@@ -50,6 +50,9 @@ inline bool isTproxyStyle(CaseKind k) { return isSluice(k) || k == CaseKind::TcM
 /// tc-minimal redirects TCP only: it has no DNS figure.
 bool caseRuns(CaseKind k, const std::string& workload);
 
+/// tc-minimal's empty program on lo egress, as programs() names it.
+inline constexpr const char* kEmptyProgramName = "empty (lo egress)";
+
 /// A BPF program of a case, for its run-time statistics.
 struct CaseProgram {
   std::string name;
