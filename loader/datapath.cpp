@@ -197,6 +197,37 @@ Status validatePodId(const std::string& id) {
   return {};
 }
 
+Status validatePodIdentity(const PodIdentity& identity) {
+  struct Field {
+    const char* what;
+    const std::string& value;
+    size_t max;
+  };
+  for (const Field& f : {Field{"uid", identity.uid, SLUICE_UID_LEN - 1}, Field{"pod name", identity.name, 253},
+                         Field{"pod namespace", identity.ns, SLUICE_K8S_NAMESPACE_LEN - 1},
+                         Field{"service account", identity.serviceAccount, 253}}) {
+    if (f.value.size() > f.max)
+      return Error::msg(std::string(f.what) + " '" + f.value.substr(0, 64) + (f.value.size() > 64 ? "...'" : "'") +
+                            " is longer than " + std::to_string(f.max) + " characters",
+                        EINVAL);
+    // Printable ASCII without spaces: these names end up in logs, JSON,
+    // metrics labels and the node proxy's protocol.
+    for (char c : f.value)
+      if (c <= 0x20 || c >= 0x7f)
+        return Error::msg(std::string(f.what) + " has a character that is not printable ASCII (or a space)", EINVAL);
+  }
+  return {};
+}
+
+const char* handoffStateName(HandoffState s) {
+  switch (s) {
+    case HandoffState::Acked: return "acked";
+    case HandoffState::Failed: return "failed";
+    case HandoffState::None: break;
+  }
+  return "not handed off";
+}
+
 PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
   PodInfo p;
   p.id = id;
@@ -216,8 +247,41 @@ PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
   if (rec.host_iface.ifindex) p.hostIface = fromFixed(rec.host_iface.name, sizeof(rec.host_iface.name));
   p.nodeNetnsPath = fromFixed(rec.node_netns_path, sizeof(rec.node_netns_path));
   for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) p.ips.push_back(formatPodAddr(rec.addrs[i]));
+  p.identity.uid = fromFixed(rec.identity.uid, sizeof(rec.identity.uid));
+  p.identity.name = fromFixed(rec.identity.name, sizeof(rec.identity.name));
+  p.identity.ns = fromFixed(rec.identity.ns, sizeof(rec.identity.ns));
+  p.identity.serviceAccount = fromFixed(rec.identity.service_account, sizeof(rec.identity.service_account));
+  p.handoff = rec.handoff.state == SLUICE_HANDOFF_ACKED    ? HandoffState::Acked
+              : rec.handoff.state == SLUICE_HANDOFF_FAILED ? HandoffState::Failed
+                                                           : HandoffState::None;
+  p.handoffError = fromFixed(rec.handoff.error, sizeof(rec.handoff.error));
+  p.handoffAtNs = rec.handoff.at_ns;
   return p;
 }
+
+namespace {
+
+void recordIdentity(sluice_pod_record& rec, const PodIdentity& id) {
+  copyString(rec.identity.uid, sizeof(rec.identity.uid), id.uid);
+  copyString(rec.identity.name, sizeof(rec.identity.name), id.name);
+  copyString(rec.identity.ns, sizeof(rec.identity.ns), id.ns);
+  copyString(rec.identity.service_account, sizeof(rec.identity.service_account), id.serviceAccount);
+}
+
+void recordHandoff(sluice_pod_record& rec, HandoffState state, const std::string& error) {
+  rec.handoff.state = state == HandoffState::Acked    ? SLUICE_HANDOFF_ACKED
+                      : state == HandoffState::Failed ? SLUICE_HANDOFF_FAILED
+                                                      : SLUICE_HANDOFF_NONE;
+  copyString(rec.handoff.error, sizeof(rec.handoff.error), error);
+  rec.handoff.at_ns = nowNs();
+}
+
+std::string describeIdentity(const PodIdentity& id) {
+  if (id.empty()) return "no identity";
+  return "uid '" + id.uid + "', " + id.ns + "/" + id.name;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options) {
   auto wanted = encodeSettings(options.settings);
@@ -253,23 +317,19 @@ std::string Datapath::linkDir(const std::string& id) const {
 Result<std::string> Datapath::podIdForNetns(const std::string& netnsPath) {
   auto ns = openNetns(netnsPath);
   SLUICE_TRY(ns);
-  uint64_t cookie = 0;
-  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
-    auto c = currentNetnsCookie();
-    SLUICE_TRY(c);
-    cookie = *c;
-    return {};
-  }));
+  auto cookie = netnsCookie(ns->get());
+  SLUICE_TRY(cookie);
   for (const auto& key : programs_->pods.keys()) {
     auto rec = programs_->pods.lookup(key);
-    if (rec && rec->netns_cookie == cookie) return fromFixed(key.id, sizeof(key.id));
+    if (rec && rec->netns_cookie == *cookie) return fromFixed(key.id, sizeof(key.id));
   }
   return Error::msg("netns " + netnsPath + " is not enrolled", ENOENT);
 }
 
-Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
+Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
   SLUICE_TRY(validatePodId(id));
+  SLUICE_TRY(validatePodIdentity(spec.identity));
   if (spec.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
     return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " --reroute-iface", EINVAL);
   auto ns = openNetns(spec.netnsPath);
@@ -288,6 +348,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   rec.enrolled_at_ns = nowNs();
   rec.config.flags = (spec.dnsCapture ? SLUICE_POD_DNS_CAPTURE : 0) | (spec.inboundCapture ? SLUICE_POD_INBOUND_CAPTURE : 0);
   copyString(rec.config.id, sizeof(rec.config.id), id);
+  recordIdentity(rec, spec.identity);
 
   TcMode mode = spec.tcMode.value_or(options_.tcMode);
   std::string pinDir = linkDir(id);
@@ -344,6 +405,10 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
         return Error::msg("pod id '" + id + "' is already enrolled for another netns (" + have.netnsPath + ")", EEXIST);
       if (!sameConfig(existing->config, rec.config))
         return otherSettingsError(have);
+      if (have.identity != spec.identity)
+        return Error::msg("pod '" + id + "' is already enrolled with another identity (" + describeIdentity(have.identity) +
+                              "); remove it first",
+                          EEXIST);
       alreadyEnrolled = true;
       return {};
     }
@@ -469,21 +534,42 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   SLUICE_TRY(inNs);
   if (alreadyEnrolled) {
     spdlog::info("pod {} is already enrolled with these settings", id);
-    return podInfoFromRecord(id, *existing);
+    PodInfo have = podInfoFromRecord(id, *existing);
+    if (!hook) return have;
+    // A retried enrollment retries the hand-off (the node proxy answers a
+    // pod it has with success); a failure leaves the enrollment as it was.
+    Status handed = hook->apply(have);
+    SLUICE_TRY(setHandoff(id, handed.ok() ? HandoffState::Acked : HandoffState::Failed,
+                          handed.ok() ? "" : handed.error().message));
+    SLUICE_TRY(handed);
+    auto now = programs_->pods.lookup(podKey(id));
+    return now ? podInfoFromRecord(id, *now) : have;
   }
 
-  // Map entries; the pod's config goes last: it switches redirection on.
+  // Map entries, in Istio's order: redirection in place (the pod's config
+  // switches it on), then the hand-off to the node proxy, then the node
+  // side (probe SNAT) last.
   sluice_pod_stats zero{};
+  bool handedOff = false;
   Status st = programs_->pods.update(podKey(id), rec, BPF_NOEXIST);
   if (st.ok()) st = programs_->podStats.update(rec.netns_cookie, zero);
+  if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
+  if (st.ok() && hook) {
+    st = hook->apply(podInfoFromRecord(id, rec));
+    handedOff = st.ok();
+    if (st.ok()) {
+      recordHandoff(rec, HandoffState::Acked, "");
+      st = programs_->pods.update(podKey(id), rec);
+    }
+  }
   if (st.ok() && spec.nodeNetnsPath) {
     st = addNodeSide(id, spec, podVethIfindex, peerIfindex, rec);
     if (st.ok()) st = programs_->pods.update(podKey(id), rec);
   }
-  if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
   if (!st.ok()) {
     (void)programs_->pods.update(podKey(id), rec);  // teardown reads the record
     (void)teardown(id, rec);
+    if (handedOff && hook->undo) hook->undo(podInfoFromRecord(id, rec));
     return st.error();
   }
   PodInfo info = podInfoFromRecord(id, rec);
@@ -556,11 +642,16 @@ Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int pod
 
 Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   const Settings& settings = options_.settings;
-  // Redirection stops first: without its config the programs pass all.
   Status first;
   auto keep = [&first](Status s) {
     if (!s.ok() && first.ok()) first = s;
   };
+  // Istio's order: the pod's addresses leave the probe set first, then the
+  // redirection stops (without its config the programs pass all).
+  for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) {
+    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
+    if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
+  }
   keep(programs_->podConfig.erase(rec.netns_cookie));
 
   std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
@@ -602,11 +693,7 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   }
   if (!nsAlive) spdlog::info("pod {}: netns {} is gone; its attachments went with it", id, path);
 
-  // Node side: addresses (only ours), SNAT state, legacy filters.
-  for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) {
-    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
-    if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
-  }
+  // Node side: SNAT state, legacy filters.
   for (const auto* m : {&programs_->snatFwd, &programs_->snatRev, &programs_->snatClosed})
     for (const auto& k : m->keys()) {
       auto v = m->lookup(k);
@@ -661,6 +748,16 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   // failed removal can be retried.
   if (first.ok()) keep(programs_->pods.erase(podKey(id)));
   return first;
+}
+
+Status Datapath::setHandoff(const std::string& id, HandoffState state, const std::string& error) {
+  auto rec = programs_->pods.lookup(podKey(id));
+  if (!rec) return {};
+  recordHandoff(*rec, state, error);
+  // BPF_EXIST: a pod removed meanwhile is not brought back.
+  Status st = programs_->pods.update(podKey(id), *rec, BPF_EXIST);
+  if (!st.ok() && st.error().code == ENOENT) return {};
+  return st;
 }
 
 Status Datapath::removePod(const std::string& id) {

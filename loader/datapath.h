@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -37,6 +38,23 @@ struct DatapathOptions {
   Settings settings;
 };
 
+/// The pod's Kubernetes identity: what the node proxy is told when the pod
+/// is handed to it (ZDS), kept in the registry. All empty for a pod enrolled
+/// without one (by hand, or by a build before identities).
+struct PodIdentity {
+  std::string uid;             ///< metadata.uid
+  std::string name;            ///< metadata.name
+  std::string ns;              ///< metadata.namespace
+  std::string serviceAccount;  ///< spec.serviceAccountName
+  bool empty() const { return uid.empty() && name.empty() && ns.empty() && serviceAccount.empty(); }
+  bool operator==(const PodIdentity&) const = default;
+};
+
+/// Lengths and characters of an identity: the uid 1-47, name and service
+/// account up to 253, namespace up to 63 printable characters without spaces
+/// (EINVAL naming the field otherwise); all may be empty.
+Status validatePodIdentity(const PodIdentity& identity);
+
 /// What `pod add` asks for.
 struct PodSpec {
   std::string netnsPath;
@@ -52,7 +70,13 @@ struct PodSpec {
   std::vector<std::string> ips;
   /// Attach mode for this pod; nullopt: the Datapath's (DatapathOptions).
   std::optional<TcMode> tcMode;
+  PodIdentity identity;
 };
+
+/// The hand-off of a pod to the node proxy, as the registry records it.
+enum class HandoffState { None, Acked, Failed };
+/// "not handed off" | "acked" | "failed".
+const char* handoffStateName(HandoffState s);
 
 /// An enrolled pod as the registry records it.
 struct PodInfo {
@@ -69,6 +93,20 @@ struct PodInfo {
   std::string hostIface;           ///< node-side interface ("" if none)
   std::string nodeNetnsPath;       ///< "" = the enrolling process's netns
   std::vector<std::string> ips;    ///< registered for probe SNAT
+  PodIdentity identity;
+  HandoffState handoff = HandoffState::None;
+  std::string handoffError;  ///< why the last hand-off failed
+  uint64_t handoffAtNs = 0;  ///< CLOCK_REALTIME of the last hand-off change
+};
+
+/// An enrollment step outside the data plane, run by Datapath::addPod once
+/// the pod's redirection is in place and before the node side (probe SNAT)
+/// is, as Istio's agent orders it: the hand-off of the pod to the node
+/// proxy. `apply` failing fails the enrollment and rolls everything back;
+/// `undo` runs when a later step fails after `apply` succeeded.
+struct EnrollHook {
+  std::function<Status(const PodInfo&)> apply;
+  std::function<void(const PodInfo&)> undo;
 };
 
 /// Counters summed over CPUs.
@@ -119,10 +157,17 @@ class Datapath {
   /// them against the pinned ones.
   static Result<std::unique_ptr<Datapath>> open(const DatapathOptions& options);
 
-  /// Enrolls a pod netns. Idempotent for the same netns and settings; an
-  /// error when the id or netns is enrolled otherwise. A failure half way
-  /// rolls back everything it did.
-  Result<PodInfo> addPod(const PodSpec& spec);
+  /// Enrolls a pod netns. Idempotent for the same netns, settings and
+  /// identity; an error when the id or netns is enrolled otherwise. A
+  /// failure half way rolls back everything it did. With @p hook, its apply
+  /// runs after the redirection is in place (again for an enrolled pod: a
+  /// retried hand-off; failing then leaves the enrollment in place).
+  Result<PodInfo> addPod(const PodSpec& spec, const EnrollHook* hook = nullptr);
+
+  /// Records the outcome of a hand-off of pod @p id in the registry (no-op
+  /// for a pod not enrolled). Takes no lock: callers serialize it with the
+  /// pod's add and removal (the agent's datapath mutex).
+  Status setHandoff(const std::string& id, HandoffState state, const std::string& error = "");
 
   /// Undoes an enrollment: redirection stops first, then attachments,
   /// rules, routes, sysctls and map entries go. A pod whose netns is gone is

@@ -75,6 +75,16 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pods SEC(".maps");
 
+/* Layout version of every pinned map (maps/sluice_maps.h, SLUICE_LAYOUT_*);
+ * written and read by user space only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct sluice_layout_key);
+	__type(value, struct sluice_layout_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} layouts SEC(".maps");
+
 /* Node side: enrolled pods' addresses (Istio's probe ipset). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

@@ -63,14 +63,15 @@ std::string readFile(const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<AgentProcess>> AgentProcess::start(const std::string& bpffsRoot, std::vector<std::string> extra,
-                                                          std::string socket, const std::string& netnsPath) {
+                                                          std::string socket, const std::string& netnsPath,
+                                                          const std::string& binary) {
   std::unique_ptr<AgentProcess> p(new AgentProcess());
   p->ownsSocketName_ = socket.empty();
   p->socket_ = socket.empty() ? uniqueTmp("agent") + ".sock" : socket;
   p->logPath_ = uniqueTmp("agent") + ".log";
   std::vector<std::string> argv;
   if (!netnsPath.empty()) argv = {"/usr/bin/nsenter", "--net=" + netnsPath, "--"};  // execs: same pid
-  for (const std::string& a : {builtBinary("sluiced"), std::string("--bpffs"), bpffsRoot, std::string("--socket"),
+  for (const std::string& a : {binary.empty() ? builtBinary("sluiced") : binary, std::string("--bpffs"), bpffsRoot, std::string("--socket"),
                                p->socket_, std::string("--metrics-address"), std::string("off"),
                                std::string("--reconcile-interval"), std::string("0"), std::string("--log-level"),
                                std::string("debug")})

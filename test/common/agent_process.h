@@ -20,8 +20,11 @@ class AgentProcess {
   /// --reconcile-interval 0 EXTRA... and waits until it answers health.
   /// With an empty socket a unique one under /tmp is used. With a
   /// netnsPath the agent runs in that netns (its node netns), via nsenter.
+  /// With a @p binary, that sluiced instead of this build's (the upgrade
+  /// tests run an older release's).
   static Result<std::unique_ptr<AgentProcess>> start(const std::string& bpffsRoot, std::vector<std::string> extra = {},
-                                                     std::string socket = "", const std::string& netnsPath = "");
+                                                     std::string socket = "", const std::string& netnsPath = "",
+                                                     const std::string& binary = "");
   ~AgentProcess();
   AgentProcess(const AgentProcess&) = delete;
   AgentProcess& operator=(const AgentProcess&) = delete;

@@ -850,11 +850,11 @@ Status PodHarness::open() {
   return {};
 }
 
-Result<PodInfo> PodHarness::enroll(PodSpec spec) {
+Result<PodInfo> PodHarness::enroll(PodSpec spec, const EnrollHook* hook) {
   SLUICE_TRY(open());
   if (spec.netnsPath.empty()) spec.netnsPath = pod().path();
   if (spec.id.empty()) spec.id = pod().name();
-  auto info = dp_->addPod(spec);
+  auto info = dp_->addPod(spec, hook);
   SLUICE_TRY(info);
   podId_ = spec.id;
   enrolled_ = true;

@@ -374,7 +374,7 @@ class PodHarness {
 
   /// Enrolls the pod netns; @p spec's netnsPath and id are filled in when
   /// empty (the id defaults to the pod netns' name).
-  Result<PodInfo> enroll(PodSpec spec = {});
+  Result<PodInfo> enroll(PodSpec spec = {}, const EnrollHook* hook = nullptr);
   /// Removes the pod enrolled by enroll().
   Status unenroll();
   const std::string& podId() const { return podId_; }
