@@ -42,6 +42,27 @@ TEST(CliParse, PodAddDefaultsAndOptions) {
   EXPECT_EQ(c->pod.rerouteIfaces, (std::vector<std::string>{"vif0", "vif1"}));
 }
 
+TEST(CliParse, PodIdentity) {
+  auto c = parseArgs({"pod", "add", "--netns", "/var/run/netns/web", "--uid", "u-1", "--pod-name", "web",
+                      "--pod-namespace", "shop", "--service-account", "web-sa"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->pod.identity, (PodIdentity{"u-1", "web", "shop", "web-sa"}));
+  c = parseArgs({"pod", "add", "--netns", "/var/run/netns/web"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->pod.identity.empty());
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", "u-1"}),
+            "a pod's identity needs --uid, --pod-name and --pod-namespace together (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--pod-name", "web", "--pod-namespace", "shop"}),
+            "a pod's identity needs --uid, --pod-name and --pod-namespace together (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", ""}), "--uid needs a value (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", std::string(48, 'u'), "--pod-name", "a",
+                        "--pod-namespace", "b"}),
+            "uid '" + std::string(48, 'u') + "' is longer than 47 characters (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", "u", "--pod-name", "a\tb", "--pod-namespace", "b"}),
+            "pod name has a character that is not printable ASCII (or a space) (see sluicectl --help)");
+  EXPECT_NE(parseError({"pod", "list", "--uid", "u"}).find("unknown option --uid"), std::string::npos);
+}
+
 TEST(CliParse, OtherCommands) {
   auto c = parseArgs({"pod", "remove", "--id", "web"});
   ASSERT_TRUE(c.ok());
@@ -176,6 +197,16 @@ TEST(Format, PodListTextAndJson) {
   std::string text = formatPodList({p}, false);
   EXPECT_NE(text.find("web"), std::string::npos);
   EXPECT_NE(text.find("off"), std::string::npos);
+  EXPECT_NE(text.find("not handed off"), std::string::npos) << text;
+  p.identity = {"u-1", "web-0", "shop", "web"};
+  p.handoff = HandoffState::Failed;
+  p.handoffError = "no ztunnel connection";
+  text = formatPodList({p}, false);
+  EXPECT_NE(text.find("u-1"), std::string::npos) << text;
+  EXPECT_NE(text.find("shop/web-0"), std::string::npos) << text;
+  EXPECT_NE(text.find("failed: no ztunnel connection"), std::string::npos) << text;
+  p.handoff = HandoffState::Acked;
+  EXPECT_NE(formatPodList({p}, false).find("acked"), std::string::npos);
   std::string json = formatPodList({p}, true);
   EXPECT_NE(json.find("\"id\": \"web\""), std::string::npos);
   EXPECT_NE(json.find("\"dns_capture\": false"), std::string::npos);

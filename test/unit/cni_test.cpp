@@ -225,6 +225,18 @@ TEST(CniRun, EnvironmentErrorsAreCode4) {
   e.ifname.clear();
   j = errorOf(run(e, withPrev()));
   EXPECT_EQ(j["msg"], "CNI_IFNAME is not set (required for ADD)");
+
+  // The pod's identity comes from CNI_ARGS; a value that cannot be one is
+  // refused before the agent is asked.
+  e = env("ADD");
+  e.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_UID=" + std::string(60, 'u');
+  j = errorOf(run(e, withPrev()));
+  EXPECT_EQ(j["code"], kCniInvalidEnvironment);
+  EXPECT_EQ(j["msg"], "CNI_ARGS: uid '" + std::string(60, 'u') + "' is longer than 47 characters");
+  e.args = "K8S_POD_NAMESPACE=sh op;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
+  j = errorOf(run(e, withPrev()));
+  EXPECT_EQ(j["code"], kCniInvalidEnvironment);
+  EXPECT_EQ(j["msg"], "CNI_ARGS: pod namespace has a character that is not printable ASCII (or a space)");
 }
 
 TEST(CniRun, ConfigErrorsAnswerInTheConfigsVersion) {

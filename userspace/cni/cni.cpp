@@ -93,6 +93,18 @@ Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::strin
   auto ips = podAddresses(*conf.prevResult);
   SLUICE_TRY(ips);
   spec.ips = *ips;
+  // The pod's identity, as containerd and CRI-O pass it (unknown keys such
+  // as IgnoreUnknown or K8S_POD_INFRA_CONTAINER_ID are tolerated).
+  auto args = parseCniArgs(env.args);
+  auto arg = [&](const char* key) {
+    auto it = args.find(key);
+    return it == args.end() ? std::string() : it->second;
+  };
+  spec.identity.uid = arg("K8S_POD_UID");
+  spec.identity.name = arg("K8S_POD_NAME");
+  spec.identity.ns = arg("K8S_POD_NAMESPACE");
+  if (Status st = validatePodIdentity(spec.identity); !st.ok())
+    return cniError(kCniInvalidEnvironment, "CNI_ARGS: " + st.error().message);
   return spec;
 }
 
@@ -120,8 +132,13 @@ Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
   if (!client.ok())
     return cniError(client.error().code, client.error().message + "; " + describePod(id, env) + " not started (fail closed)");
   auto info = client->addPod(*spec);
-  if (!info.ok())
-    return cniError(kCniAgentFailed, "sluice agent could not enroll " + describePod(id, env) + ": " + info.error().message);
+  if (!info.ok()) {
+    // EAGAIN: the agent could not hand the pod to the node proxy (none
+    // connected, no answer in time, or it refused the pod) and rolled the
+    // enrollment back; the runtime retries the sandbox.
+    int code = info.error().code == EAGAIN ? kCniTryAgainLater : kCniAgentFailed;
+    return cniError(code, "sluice agent could not enroll " + describePod(id, env) + ": " + info.error().message);
+  }
   spdlog::info("enrolled {} (netns {}, interfaces {}, addresses {})", describePod(id, env), env.netns,
                joined(info->interfaces, ","), joined(info->ips, ","));
   return {};

@@ -47,6 +47,7 @@ usage: sluicectl [--bpffs DIR] [--socket PATH] [--tc-mode auto|tcx|legacy]
   pod add    --netns PATH [--id NAME] [--dns-capture on|off]
              [--inbound-capture on|off] [--reroute-iface IFNAME]...
              [--node-netns PATH] [--ip ADDR]...
+             [--uid UID --pod-name NAME --pod-namespace NS [--service-account SA]]
   pod remove (--netns PATH | --id NAME)
   pod list   [--json]
   stats      [--id NAME] [--json]
@@ -66,6 +67,9 @@ the netns file's name (pid-PID for /proc/PID/ns/net).
 --node-netns names the netns of the pod's host-side interface, where probe
 SNAT is attached (default: the one sluicectl runs in); --ip overrides the
 pod addresses found in the pod netns.
+--uid, --pod-name, --pod-namespace and --service-account give the pod's
+Kubernetes identity, which an agent running with --ztunnel-socket hands to
+the node proxy (it refuses a pod without a uid).
 )";
 }
 
@@ -137,7 +141,8 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     bool known = (flag == "--netns" && (isAdd || cmd.verb == Verb::PodRemove)) ||
                  (flag == "--id" && cmd.verb != Verb::PodList && cmd.verb != Verb::Status) ||
                  (isAdd && (flag == "--dns-capture" || flag == "--inbound-capture" || flag == "--reroute-iface" ||
-                            flag == "--node-netns" || flag == "--ip"));
+                            flag == "--node-netns" || flag == "--ip" || flag == "--uid" || flag == "--pod-name" ||
+                            flag == "--pod-namespace" || flag == "--service-account"));
     if (!known) return usageError("unknown option " + flag + " for this command");
     auto v = a.value(flag);
     SLUICE_TRY(v);
@@ -168,9 +173,19 @@ Result<Command> parse(const std::vector<std::string>& argv) {
       if (inet_pton(AF_INET, v->c_str(), &buf) != 1 && inet_pton(AF_INET6, v->c_str(), &buf) != 1)
         return usageError("invalid --ip '" + *v + "' (expected an IPv4 or IPv6 address)");
       cmd.pod.ips.push_back(*v);
+    } else if (flag == "--uid" || flag == "--pod-name" || flag == "--pod-namespace" || flag == "--service-account") {
+      if (v->empty()) return usageError(flag + " needs a value");
+      auto& id = cmd.pod.identity;
+      (flag == "--uid" ? id.uid : flag == "--pod-name" ? id.name : flag == "--pod-namespace" ? id.ns : id.serviceAccount) = *v;
     }
   }
   if (cmd.verb == Verb::PodAdd && !haveNetns) return usageError("pod add needs --netns PATH");
+  if (cmd.verb == Verb::PodAdd) {
+    const auto& id = cmd.pod.identity;
+    if (!id.empty() && (id.uid.empty() || id.name.empty() || id.ns.empty()))
+      return usageError("a pod's identity needs --uid, --pod-name and --pod-namespace together");
+    if (Status st = validatePodIdentity(id); !st.ok()) return usageError(st.error().message);
+  }
   // The node side is always on for the CLI: by default in its own netns.
   if (cmd.verb == Verb::PodAdd && !cmd.pod.nodeNetnsPath) cmd.pod.nodeNetnsPath = "";
   if (cmd.verb == Verb::PodRemove && haveNetns == cmd.id.has_value())
@@ -188,13 +203,17 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
   }
   std::ostringstream o;
   o << std::left << std::setw(24) << "ID" << std::setw(8) << "MODE" << std::setw(5) << "DNS" << std::setw(9)
-    << "INBOUND" << std::setw(16) << "INTERFACES"
-    << "NETNS\n";
+    << "INBOUND" << std::setw(16) << "INTERFACES" << std::setw(32) << "NETNS" << std::setw(38) << "UID"
+    << std::setw(32) << "POD" << "HANDOFF\n";
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
+    std::string pod = p.identity.name.empty() ? "-" : p.identity.ns + "/" + p.identity.name;
+    std::string handoff = handoffStateName(p.handoff);
+    if (p.handoff == HandoffState::Failed) handoff += ": " + p.handoffError;
     o << std::left << std::setw(24) << p.id << std::setw(8) << p.tcMode << std::setw(5) << (p.dnsCapture ? "on" : "off")
-      << std::setw(9) << (p.inboundCapture ? "on" : "off") << std::setw(16) << ifs << p.netnsPath << "\n";
+      << std::setw(9) << (p.inboundCapture ? "on" : "off") << std::setw(16) << ifs << std::setw(32) << p.netnsPath
+      << std::setw(38) << (p.identity.uid.empty() ? "-" : p.identity.uid) << std::setw(32) << pod << handoff << "\n";
   }
   return o.str();
 }
