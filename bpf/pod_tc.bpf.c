@@ -202,8 +202,10 @@ int pod_egress(struct __sk_buff *skb)
 	if (!c.cfg)
 		return TC_ACT_OK;
 	/* Rule 5: the proxy's own traffic, half the packets of every redirected
-	 * connection, leaves before any map lookup. */
-	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
+	 * connection, leaves before any per-pod lookup. A marked packet from
+	 * another cgroup than the proxy's (when those are known) is an app
+	 * that set the mark itself: it is judged like any other. */
+	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark && proxy_marked_is_proxy(skb))
 		return TC_ACT_OK;
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "loader/programs.h"
 #include "loader/result.h"
 #include "loader/tc.h"
@@ -109,6 +111,20 @@ struct EnrollHook {
   std::function<void(const PodInfo&)> undo;
 };
 
+/// A cgroup (v2) of the node proxy, as proxy_cgroups records it.
+struct ProxyCgroup {
+  uint64_t id = 0;
+  uint32_t pid = 0;       ///< the proxy process seen in it
+  uint64_t sinceNs = 0;   ///< CLOCK_REALTIME when first seen
+};
+
+/// How the programs tell the node proxy's traffic (rule 5): the mark alone,
+/// or the mark from one of the proxy's cgroups.
+struct ProxyIdentity {
+  bool cgroupCheck = false;
+  std::vector<ProxyCgroup> cgroups;
+};
+
 /// Counters summed over CPUs.
 struct PodCounters {
   std::string id;
@@ -189,6 +205,17 @@ class Datapath {
   /// Datapath's programs (bpf_link_update for tcx, a filter replace for
   /// clsact), which is how a newer build takes over without a gap.
   ReconcileReport reconcile();
+
+  /// The node proxy runs as process @p pid (a ZDS peer): its cgroup v2
+  /// joins proxy_cgroups and the cgroup check turns on, so that the proxy
+  /// mark counts only from the proxy's cgroups. Returns the cgroup id.
+  /// Cgroups that are gone are forgotten first when the map is full.
+  Result<uint64_t> addProxyProcess(pid_t pid);
+  /// Forgets the proxy cgroups that no longer exist; returns how many.
+  size_t pruneProxyCgroups();
+  /// Back to the mark alone (an agent that hands no pod to a node proxy).
+  Status clearProxyIdentity();
+  ProxyIdentity proxyIdentity();
 
   /// Counters of one pod (id) or all.
   Result<std::vector<PodCounters>> stats(const std::optional<std::string>& id);

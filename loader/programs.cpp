@@ -78,6 +78,8 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*), const std::string&
   SLUICE_TRY(bindMap(m.snat_closed, snatClosed));
   SLUICE_TRY(bindMap(m.pod_listeners, podListeners));
   SLUICE_TRY(bindMap(m.layouts, layouts));
+  SLUICE_TRY(bindMap(m.proxy_identity, proxyIdentity));
+  SLUICE_TRY(bindMap(m.proxy_cgroups, proxyCgroups));
   return migration->complete(*this);
 }
 

@@ -53,6 +53,8 @@ class PodPrograms {
   BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
   BpfMap<sluice_listener_key, __u64> podListeners;  ///< SOCKHASH: values are sockets
   BpfMap<sluice_layout_key, sluice_layout_value> layouts;
+  BpfMap<__u32, sluice_proxy_identity> proxyIdentity;
+  BpfMap<__u64, sluice_proxy_cgroup> proxyCgroups;
 
  private:
   PodPrograms() = default;

@@ -84,6 +84,29 @@ struct sluice_listener_key {
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_key layout");
 
+/*
+ * The node proxy's identity beyond its mark (rule 5). Since Linux 5.17
+ * SO_MARK needs only CAP_NET_RAW, which runtimes grant to containers, so any
+ * app could set 0x539 and leave the mesh. The agent knows the node proxy's
+ * processes (the peers of its ZDS connections) and so their cgroups: once
+ * `proxy_identity` says so, a marked packet is the proxy's only when its
+ * socket belongs to one of the cgroups (v2 ids) in `proxy_cgroups`. Off (the
+ * entry zero): the mark alone decides, as in Istio.
+ */
+struct sluice_proxy_identity {
+	__u32 cgroup_check; /* 1: the mark counts only from proxy_cgroups */
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_identity) == 8, "sluice_proxy_identity layout");
+
+struct sluice_proxy_cgroup {
+	__u32 pid;    /* the node proxy process seen in it (ZDS peer) */
+	__u32 pad;
+	__u64 since_ns; /* CLOCK_REALTIME when it was first seen */
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgroup layout");
+#define SLUICE_PROXY_CGROUPS 16
+
 /* Pod flags (struct sluice_pod_config.flags). */
 #define SLUICE_POD_DNS_CAPTURE (1u << 0)
 #define SLUICE_POD_INBOUND_CAPTURE (1u << 1)
@@ -120,6 +143,8 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_
 #define SLUICE_PIN_POD_LISTENERS "pod_listeners"
 #define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
 #define SLUICE_PIN_LAYOUTS "layouts"
+#define SLUICE_PIN_PROXY_IDENTITY "proxy_identity"
+#define SLUICE_PIN_PROXY_CGROUPS "proxy_cgroups"
 
 /*
  * Layout versions of the pinned maps. `layouts` (pinned hash: map name ->
@@ -143,6 +168,8 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_
 #define SLUICE_LAYOUT_SNAT_REV 1
 #define SLUICE_LAYOUT_SNAT_CLOSED 1
 #define SLUICE_LAYOUT_LAYOUTS 1
+#define SLUICE_LAYOUT_PROXY_IDENTITY 1
+#define SLUICE_LAYOUT_PROXY_CGROUPS 1
 
 struct sluice_layout_key {
 	char name[16]; /* the map's name (= its pin name), NUL-padded */

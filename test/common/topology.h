@@ -68,6 +68,9 @@ class Subprocess {
   /// is killed and the result says timedOut.
   CommandResult wait(std::chrono::milliseconds timeout = 30s);
 
+  /// The child's pid (-1 once it was reaped).
+  pid_t pid() const { return pid_; }
+
  private:
   Subprocess() = default;
   pid_t pid_ = -1;

@@ -19,6 +19,8 @@ export HOME=/root
 export GTEST_COLOR=no
 hostname sluice-vm
 mount -t bpf bpf /sys/fs/bpf
+# cgroup v2 (the node proxy's identity: its sockets' cgroup), pure v2 here.
+grep -q ' cgroup2 ' /proc/mounts || mount -t cgroup2 cgroup2 /sys/fs/cgroup
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
