@@ -1,6 +1,7 @@
 #include "loader/datapath.h"
 
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <spdlog/spdlog.h>
@@ -795,6 +796,32 @@ ProxyIdentity Datapath::proxyIdentity() {
   for (uint64_t id : programs_->proxyCgroups.keys())
     if (auto v = programs_->proxyCgroups.lookup(id)) out.cgroups.push_back({id, v->pid, v->since_ns});
   return out;
+}
+
+Result<std::optional<ProxyIdentity>> readPinnedProxyIdentity(const std::string& root, uint32_t& mark, uint32_t& mask) {
+  auto open = [&](const char* name) { return Fd(bpf_obj_get((root + "/" + name).c_str())); };
+  Fd settings = open(SLUICE_PIN_SETTINGS), on = open(SLUICE_PIN_PROXY_IDENTITY), cgroups = open(SLUICE_PIN_PROXY_CGROUPS);
+  if (!settings.valid() || !on.valid() || !cgroups.valid()) {
+    if (errno == ENOENT) return std::optional<ProxyIdentity>();
+    return Error::fromErrno(errno, "read the pinned proxy identity under " + root);
+  }
+  __u32 zero = 0;
+  sluice_settings st{};
+  if (bpf_map_lookup_elem(settings.get(), &zero, &st) != 0) return Error::fromErrno(errno, "read pinned settings");
+  mark = st.proxy_mark;
+  mask = st.mark_mask;
+  ProxyIdentity out;
+  sluice_proxy_identity pi{};
+  if (bpf_map_lookup_elem(on.get(), &zero, &pi) == 0) out.cgroupCheck = pi.cgroup_check;
+  __u64 cur = 0, next = 0;
+  const __u64* prev = nullptr;
+  while (bpf_map_get_next_key(cgroups.get(), prev, &next) == 0) {
+    cur = next;
+    prev = &cur;
+    sluice_proxy_cgroup v{};
+    if (bpf_map_lookup_elem(cgroups.get(), &cur, &v) == 0) out.cgroups.push_back({cur, v.pid, v.since_ns});
+  }
+  return std::optional<ProxyIdentity>(out);
 }
 
 Status Datapath::setHandoff(const std::string& id, HandoffState state, const std::string& error) {

@@ -125,6 +125,11 @@ struct ProxyIdentity {
   std::vector<ProxyCgroup> cgroups;
 };
 
+/// The proxy identity pinned under @p root, read from the pins without
+/// loading programs or taking the lock; nullopt when nothing is pinned.
+/// @p mark and @p mask get the pinned settings' proxy mark.
+Result<std::optional<ProxyIdentity>> readPinnedProxyIdentity(const std::string& root, uint32_t& mark, uint32_t& mask);
+
 /// Counters summed over CPUs.
 struct PodCounters {
   std::string id;

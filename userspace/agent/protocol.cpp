@@ -291,7 +291,8 @@ Result<PodCounters> decodeCounters(const json& j) {
 json encodeHealth(const Health& h) {
   return {{"version", h.version},   {"protocol", h.protocol}, {"bpffs", h.bpffsRoot},
           {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
-          {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError}};
+          {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
+          {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections}};
 }
 
 Result<Health> decodeHealth(const json& j) {
@@ -305,6 +306,8 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(num(j, "uptime_seconds", h.uptimeSeconds));
   SLUICE_TRY(num(j, "reconciles", h.reconciles));
   SLUICE_TRY(str(j, "last_reconcile_error", h.lastReconcileError));
+  SLUICE_TRY(str(j, "ztunnel_socket", h.ztunnelSocket));
+  SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
   return h;
 }
 

@@ -53,6 +53,8 @@ struct Health {
   uint64_t uptimeSeconds = 0;
   uint64_t reconciles = 0;  ///< completed sweeps
   std::string lastReconcileError;  ///< "" when the last sweep was clean
+  std::string ztunnelSocket;        ///< "" when the agent hands no pod to a node proxy
+  uint64_t ztunnelConnections = 0;  ///< node proxies connected over ZDS
 };
 
 /// What check answers for an enrolled pod.

@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <functional>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -276,7 +277,34 @@ std::pair<std::string, std::string> resolvedTcMode(const FeatureReport& r, TcMod
 
 }  // namespace
 
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
+namespace {
+
+std::string hexMark(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%x", v);
+  return buf;
+}
+
+// "mark 0x539/0xfff alone" or "... from cgroups 12 (pid 3), ...".
+std::string describeProxyIdentity(const ProxyStatus& p) {
+  if (!p.pinned) return "no pinned state under this bpffs root";
+  std::string s = "mark " + hexMark(p.mark) + "/" + hexMark(p.mask);
+  if (!p.identity.cgroupCheck) return s + " alone (Istio's rule; no node proxy seen over ZDS)";
+  if (p.identity.cgroups.empty()) return s + " from the node proxy's cgroups: none live";
+  s += " only from the node proxy's cgroups:";
+  for (const auto& c : p.identity.cgroups) s += " " + std::to_string(c.id) + " (pid " + std::to_string(c.pid) + ")";
+  return s;
+}
+
+std::string describeZtunnel(const ProxyStatus& p) {
+  if (!p.agent) return "no agent answered";
+  if (p.ztunnelSocket.empty()) return "the agent hands no pod to a node proxy (no --ztunnel-socket)";
+  return std::to_string(p.ztunnelConnections) + " connection(s) on " + p.ztunnelSocket;
+}
+
+}  // namespace
+
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy) {
   Status minimum = checkMinimumFeatures(r);
   auto [mode, modeWhy] = resolvedTcMode(r, requested);
   if (json) {
@@ -291,6 +319,19 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
         {"pod_cookie", {{"method", podCookieMethodName(r.cookieMethod)}, {"why", r.cookieMethodHow}}},
         {"reuseport_proxies", r.reuseportAssign.present},
         {"features", features}};
+    if (proxy) {
+      nlohmann::json cgroups = nlohmann::json::array();
+      for (const auto& c : proxy->identity.cgroups) cgroups.push_back({{"id", c.id}, {"pid", c.pid}, {"since_ns", c.sinceNs}});
+      j["node_proxy"] = {{"pinned", proxy->pinned},
+                         {"mark", proxy->mark},
+                         {"mark_mask", proxy->mask},
+                         {"cgroup_check", proxy->identity.cgroupCheck},
+                         {"cgroups", cgroups},
+                         {"identity", describeProxyIdentity(*proxy)},
+                         {"ztunnel", describeZtunnel(*proxy)}};
+      if (proxy->agent)
+        j["node_proxy"]["ztunnel_connections"] = proxy->ztunnelConnections;
+    }
     return j.dump(2) + "\n";
   }
   std::ostringstream o;
@@ -301,7 +342,12 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
   o << "reuseport proxies  "
     << (r.reuseportAssign.present ? "yes"
                                   : "NO: run the proxy without SO_REUSEPORT, or it receives no redirected traffic")
-    << "\n\nfeatures:\n";
+    << "\n";
+  if (proxy) {
+    o << "node proxy         " << describeProxyIdentity(*proxy) << "\n";
+    o << "ztunnel            " << describeZtunnel(*proxy) << "\n";
+  }
+  o << "\nfeatures:\n";
   for (const auto& row : statusRows(r)) {
     o << "  " << std::left << std::setw(23) << row.name << std::setw(5) << (row.feature->present ? "yes" : "no")
       << row.why << "\n";
@@ -422,7 +468,19 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
     // Probing needs no pinned state: no bpffs root, no lock.
     auto features = probeKernelFeatures();
     if (!features.ok()) return fail(features.error());
-    out << formatStatus(*features, cmd.tcMode, cmd.json);
+    ProxyStatus proxy;
+    auto pinned = readPinnedProxyIdentity(cmd.bpffsRoot, proxy.mark, proxy.mask);
+    if (pinned.ok() && *pinned) {
+      proxy.pinned = true;
+      proxy.identity = **pinned;
+    }
+    if (auto client = agent::Client::connect(cmd.socketPath, std::chrono::seconds(2)); client.ok())
+      if (auto h = client->health(); h.ok() && h->bpffsRoot == cmd.bpffsRoot) {
+        proxy.agent = true;
+        proxy.ztunnelSocket = h->ztunnelSocket;
+        proxy.ztunnelConnections = h->ztunnelConnections;
+      }
+    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy);
     Status minimum = checkMinimumFeatures(*features);
     return minimum.ok() ? 0 : fail(minimum.error());
   }

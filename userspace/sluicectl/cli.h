@@ -54,6 +54,18 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json);
 /// each feature (yes/no, why sluice needs it, how it was decided), the
 /// attach mode `requested` resolves to, the pod-cookie method and whether
 /// SO_REUSEPORT proxies can be served.
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json);
+/// What `sluicectl status` shows of the node proxy: how its traffic is told
+/// apart (rule 5: the mark, and the proxy's cgroups once known) and its ZDS
+/// connections when an agent answers.
+struct ProxyStatus {
+  bool pinned = false;  ///< pinned state found under the bpffs root
+  uint32_t mark = 0, mask = 0;
+  ProxyIdentity identity;
+  bool agent = false;         ///< an agent answered for this root
+  std::string ztunnelSocket;  ///< the agent's ZDS socket ("" : no hand-off)
+  uint64_t ztunnelConnections = 0;
+};
+
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy = nullptr);
 
 }  // namespace sluice::cli
