@@ -370,27 +370,30 @@ void Server::Impl::serveRequests(const std::shared_ptr<Conn>& conn) {
 
 Outcome Server::Impl::exchange(Conn& conn, const Request& request, int netnsFd, std::string& text) {
   const char* type = requestTypeName(request.type);
-  std::string what = std::string(type) + " uid=" + request.workload.uid;
+  // One line per hand-off: what, which pod, which connection, how it ended.
+  std::string what = type;
+  if (request.type != RequestType::SnapshotSent) what += " uid=" + request.workload.uid;
   if (request.type == RequestType::Add) what += " pod=" + podName(request.workload);
   what += " conn=" + std::to_string(conn.id);
-
-  auto log = [&](Outcome o, const std::string& result, double seconds) {
-    auto level = o == Outcome::Acked && result == "ok" ? spdlog::level::info : spdlog::level::warn;
-    spdlog::log(level, "zds: {} result={} ack={:.3f}ms", what, result, seconds * 1000);
-  };
+  auto start = Clock::now();
+  auto elapsedMs = [&] { return std::chrono::duration<double, std::milli>(Clock::now() - start).count(); };
 
   auto bytes = encodeRequest(request);
   if (!bytes) {
     text = bytes.error().message;
     count(type, "error");
-    log(Outcome::Invalid, "error: " + text, 0);
+    spdlog::warn("zds: {} result=error: {}", what, text);
     return Outcome::Invalid;
   }
-  auto start = Clock::now();
   auto fail = [&](Outcome o, std::string why) {
     text = std::move(why);
-    count(type, o == Outcome::Timeout ? "timeout" : "error");
-    log(o, (o == Outcome::Timeout ? "timeout: " : "error: ") + text, 0);
+    if (o == Outcome::Cancelled) {
+      spdlog::debug("zds: {} result=cancelled (server stopping)", what);
+      return o;
+    }
+    bool timeout = o == Outcome::Timeout;
+    count(type, timeout ? "timeout" : "error");
+    spdlog::warn("zds: {} result={}: {} after={:.3f}ms", what, timeout ? "timeout" : "error", text, elapsedMs());
     return o;
   };
 
@@ -422,7 +425,11 @@ Outcome Server::Impl::exchange(Conn& conn, const Request& request, int netnsFd, 
     ackLatency.observe(seconds);
   }
   count(type, text.empty() ? "ok" : "error");
-  log(Outcome::Acked, text.empty() ? "ok" : "error ack: " + text, seconds);
+  if (text.empty()) {
+    spdlog::info("zds: {} result=ok ack={:.3f}ms", what, seconds * 1000);
+  } else {
+    spdlog::warn("zds: {} result=error ack: {} ack={:.3f}ms", what, text, seconds * 1000);
+  }
   return Outcome::Acked;
 }
 
@@ -441,7 +448,9 @@ void Server::Impl::close(const std::shared_ptr<Conn>& conn, const std::string& w
     remaining = live.size();
   }
   conn->sock.reset();
-  if (wasLive) {
+  if (stopped) {
+    spdlog::info("zds: closed ztunnel connection {} (server stopping)", conn->id);
+  } else if (wasLive) {
     spdlog::warn("zds: dropped ztunnel connection {}: {}; {} connection(s) left", conn->id, why, remaining);
   } else {
     spdlog::warn("zds: dropped connection {} (pid {}) before its hello: {}", conn->id, conn->cred.pid, why);
