@@ -5,7 +5,7 @@
 // what travels and what ztunnel compares); test/netns/zds_test.cpp does the
 // same with real network namespaces.
 //
-//   test thread(s) --add/del--> zds::Server --SEQPACKET--> FakePeer (test)
+//   test thread(s) --add/del--> zds::Server --SEQPACKET--> FakeZtunnel (test)
 //                               listening on /tmp/sluice-zds-XXXX/zds.sock
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -29,6 +29,7 @@
 
 #include "loader/fd.h"
 #include "test/common/tempdir.h"
+#include "test/common/zds_peers.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
 
@@ -39,26 +40,17 @@ using namespace std::chrono_literals;
 using test::TempDir;
 
 using NetnsId = std::pair<dev_t, ino_t>;
+using test::eventually;
+using test::FakeZtunnel;
 
-NetnsId idOf(int fd) {
-  struct stat st {};
-  ::fstat(fd, &st);
-  return {st.st_dev, st.st_ino};
-}
+NetnsId idOf(int fd) { return test::fileIdOf(fd); }
 
 /// A stand-in for a pod's netns fd: a memfd has an inode of its own.
 Fd podFd(const std::string& name) { return Fd(::memfd_create(name.c_str(), MFD_CLOEXEC)); }
 
 WorkloadInfo pod(const std::string& uid) { return {uid, "name-" + uid, "ns-" + uid, "sa-" + uid}; }
 
-size_t openFds() {
-  size_t n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
-    (void)e;
-    ++n;
-  }
-  return n;
-}
+size_t openFds() { return test::openFdCount(); }
 
 /// Short deadlines, so failure paths take milliseconds.
 ServerOptions shortOptions(const std::string& path) {
@@ -69,102 +61,6 @@ ServerOptions shortOptions(const std::string& path) {
   o.ackTimeout = 200ms;
   o.idleCheckInterval = 100ms;
   return o;
-}
-
-/// One request as a fake ztunnel received it.
-struct Received {
-  Request request;
-  std::vector<Fd> fds;
-};
-
-/// A scripted ztunnel: a raw SEQPACKET client of the server.
-class FakePeer {
- public:
-  explicit FakePeer(const std::string& path) {
-    sockaddr_un addr{};
-    addr.sun_family = AF_UNIX;
-    std::strncpy(addr.sun_path, path.c_str(), sizeof(addr.sun_path) - 1);
-    sock_ = Fd(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0));
-    if (::connect(sock_.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) sock_.reset();
-  }
-  bool ok() const { return sock_.valid(); }
-  int fd() const { return sock_.get(); }
-
-  bool sendRaw(const std::string& data, const std::vector<int>& fds = {}) {
-    iovec iov{const_cast<char*>(data.data()), data.size()};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)));
-    if (!fds.empty()) {
-      msg.msg_control = control.data();
-      msg.msg_controllen = control.size();
-      cmsghdr* c = CMSG_FIRSTHDR(&msg);
-      c->cmsg_level = SOL_SOCKET;
-      c->cmsg_type = SCM_RIGHTS;
-      c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-      std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
-    }
-    return ::sendmsg(sock_.get(), &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
-  }
-  bool hello() { return sendRaw(std::string("\x08\x01", 2)); }
-  bool ack(const std::string& error = "") { return sendRaw(*encodeAck(error)); }
-
-  /// The next request; an error for EOF, time-out or anything undecodable.
-  Result<Received> request(std::chrono::milliseconds timeout = 2s) {
-    auto d = receiveDatagram(sock_.get(), after(timeout));
-    if (!d) return d.error();
-    if (d->eof) return Error::msg("EOF", EPIPE);
-    auto r = decodeRequest(d->bytes);
-    if (!r) return r.error();
-    return Received{*r, std::move(d->fds)};
-  }
-
-  /// Reads requests up to SnapshotSent, acking each ("" or errors[uid]).
-  Result<std::vector<Received>> snapshot(const std::map<std::string, std::string>& errors = {}) {
-    std::vector<Received> got;
-    for (;;) {
-      auto r = request();
-      if (!r) return r.error();
-      bool done = r->request.type == RequestType::SnapshotSent;
-      auto e = errors.find(r->request.workload.uid);
-      if (!ack(e == errors.end() || done ? "" : e->second)) return Error::msg("ack failed", EIO);
-      if (done) return got;
-      got.push_back(std::move(*r));
-    }
-  }
-
-  /// hello + an acked snapshot.
-  Result<std::vector<Received>> handshake() {
-    if (!hello()) return Error::msg("hello failed", EIO);
-    return snapshot();
-  }
-
-  /// True when the server closes this connection within @p timeout (all
-  /// datagrams before the close are skipped).
-  bool closedByServer(std::chrono::milliseconds timeout = 2s) {
-    auto deadline = after(timeout);
-    for (;;) {
-      auto d = receiveDatagram(sock_.get(), deadline);
-      if (!d) return d.error().code != ETIMEDOUT;  // ECONNRESET counts
-      if (d->eof) return true;
-    }
-  }
-
-  void close() { sock_.reset(); }
-
- private:
-  Fd sock_;
-};
-
-/// Polls @p pred every few ms until true or @p timeout.
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 2s) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
 }
 
 class ZdsServer : public ::testing::Test {
@@ -193,12 +89,12 @@ class ZdsServer : public ::testing::Test {
 TEST_F(ZdsServer, SilentPeerIsDroppedAtTheHelloDeadline) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer silent(path());
+  FakeZtunnel silent(path());
   ASSERT_TRUE(silent.ok());
   EXPECT_TRUE(silent.closedByServer());
   EXPECT_TRUE(server->peers().empty());
   // The server still serves the next one.
-  FakePeer good(path());
+  FakeZtunnel good(path());
   ASSERT_TRUE(good.handshake().ok());
   EXPECT_EQ(server->peers().size(), 1u);
 }
@@ -218,7 +114,7 @@ TEST_F(ZdsServer, AnythingButAV1HelloDropsTheConnection) {
       {"a V1 hello with an fd", std::string("\x08\x01", 2), true},
   };
   for (const auto& c : cases) {
-    FakePeer peer(path());
+    FakeZtunnel peer(path());
     ASSERT_TRUE(peer.ok());
     Fd extra = podFd("extra");
     ASSERT_TRUE(peer.sendRaw(c.bytes, c.withFd ? std::vector<int>{extra.get()} : std::vector<int>{})) << c.what;
@@ -248,13 +144,13 @@ TEST_F(ZdsServer, SnapshotSendsEveryPodInOrderWithItsFdThenSnapshotSent) {
   };
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   auto snap = peer.snapshot({{"u-b", "failure to start proxy : boom"}});
   ASSERT_TRUE(snap.ok()) << snap.error().message;
   ASSERT_EQ(snap->size(), 3u);
 
-  const Received& ra = (*snap)[0];
+  const test::ReceivedRequest& ra = (*snap)[0];
   EXPECT_EQ(ra.request.type, RequestType::Add);
   EXPECT_TRUE(ra.request.hasWorkloadInfo);
   EXPECT_EQ(ra.request.workload.uid, "u-a");
@@ -264,12 +160,12 @@ TEST_F(ZdsServer, SnapshotSendsEveryPodInOrderWithItsFdThenSnapshotSent) {
   ASSERT_EQ(ra.fds.size(), 1u);
   EXPECT_EQ(idOf(ra.fds[0].get()), idA);
 
-  const Received& rk = (*snap)[1];
+  const test::ReceivedRequest& rk = (*snap)[1];
   EXPECT_EQ(rk.request.type, RequestType::Keep);
   EXPECT_EQ(rk.request.workload.uid, "u-keep");
   EXPECT_TRUE(rk.fds.empty());
 
-  const Received& rb = (*snap)[2];
+  const test::ReceivedRequest& rb = (*snap)[2];
   EXPECT_EQ(rb.request.type, RequestType::Add);
   EXPECT_EQ(rb.request.workload.uid, "u-b");
   ASSERT_EQ(rb.fds.size(), 1u);
@@ -298,7 +194,7 @@ TEST_F(ZdsServer, SnapshotSendsEveryPodInOrderWithItsFdThenSnapshotSent) {
 TEST_F(ZdsServer, EmptySnapshotIsJustSnapshotSent) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   auto r = peer.request();
   ASSERT_TRUE(r.ok()) << r.error().message;
@@ -318,13 +214,13 @@ TEST_F(ZdsServer, EachConnectionGetsAFreshSnapshot) {
   auto server = startServer(o);
   ASSERT_TRUE(server);
   {
-    FakePeer first(path());
+    FakeZtunnel first(path());
     auto s = first.handshake();
     ASSERT_TRUE(s.ok()) << s.error().message;
     EXPECT_EQ(s->size(), 1u);
   }
   // The reconnecting ztunnel gets the pods as they are now.
-  FakePeer again(path());
+  FakeZtunnel again(path());
   auto s = again.handshake();
   ASSERT_TRUE(s.ok()) << s.error().message;
   ASSERT_EQ(s->size(), 2u);
@@ -340,7 +236,7 @@ TEST_F(ZdsServer, SilenceDuringTheSnapshotDropsTheConnection) {
   };
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   auto r = peer.request();
   ASSERT_TRUE(r.ok());
@@ -354,7 +250,7 @@ TEST_F(ZdsServer, SilenceDuringTheSnapshotDropsTheConnection) {
 TEST_F(ZdsServer, AddSendsTheFdAndWaitsForTheAck) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = podFd("pod");
   auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
@@ -392,7 +288,7 @@ TEST_F(ZdsServer, AddSendsTheFdAndWaitsForTheAck) {
 TEST_F(ZdsServer, StrictlyOneRequestThenOneAck) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd a = podFd("a"), b = podFd("b");
   auto fa = std::async(std::launch::async, [&] { return server->add(pod("u-a"), a.get()); });
@@ -415,7 +311,7 @@ TEST_F(ZdsServer, StrictlyOneRequestThenOneAck) {
 TEST_F(ZdsServer, ErrorAckFailsTheAddWithZtunnelsText) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = podFd("pod");
   auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
@@ -457,7 +353,7 @@ TEST_F(ZdsServer, NoConnectionAddFailsRetryablyDelSucceeds) {
 TEST_F(ZdsServer, AckTimeoutFailsTheAddAndDropsTheConnection) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = podFd("pod");
   auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
@@ -477,7 +373,7 @@ TEST_F(ZdsServer, AckTimeoutFailsTheAddAndDropsTheConnection) {
 TEST_F(ZdsServer, WriteTimeoutWhenZtunnelStopsReading) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   // Shrink our receive queue so the server's writes soon find no room, then
   // never read: dels pile up until a write misses its deadline.
@@ -500,9 +396,9 @@ TEST_F(ZdsServer, WriteTimeoutWhenZtunnelStopsReading) {
 TEST_F(ZdsServer, AddsGoToTheNewestDelsToAllAndFallBackWhenTheNewestLeaves) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer older(path());
+  FakeZtunnel older(path());
   ASSERT_TRUE(older.handshake().ok());
-  FakePeer newer(path());
+  FakeZtunnel newer(path());
   ASSERT_TRUE(newer.handshake().ok());
   auto peers = server->peers();
   ASSERT_EQ(peers.size(), 2u);
@@ -557,7 +453,7 @@ TEST_F(ZdsServer, AddIssuedDuringTheSnapshotIsQueuedBehindIt) {
   };
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   auto first = peer.request();  // the snapshot's Add, not acked yet
   ASSERT_TRUE(first.ok());
@@ -594,12 +490,12 @@ TEST_F(ZdsServer, AddNeverWaitsForASnapshotCallbackThatNeedsTheCallersLock) {
   };
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer older(path());
+  FakeZtunnel older(path());
   ASSERT_TRUE(older.handshake().ok());
 
   Fd ns = podFd("pod");
   std::unique_lock held(agentLock);
-  FakePeer newer(path());
+  FakeZtunnel newer(path());
   ASSERT_TRUE(newer.hello());
   ASSERT_TRUE(eventually([&] { return inCallback.load(); }));
   // The newest is preparing its snapshot: the add goes to the older one.
@@ -636,7 +532,7 @@ TEST_F(ZdsServer, AddWithOnlyAPreparingConnectionFailsRetryably) {
   auto server = startServer(o);
   ASSERT_TRUE(server);
   std::unique_lock held(agentLock);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   ASSERT_TRUE(eventually([&] { return inCallback.load(); }));
   Fd ns = podFd("pod");
@@ -676,7 +572,7 @@ TEST_F(ZdsServer, SnapshotAckCallbackNeverBlocksAnAdd) {
   };
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   ASSERT_TRUE(peer.request().ok());  // snapshot's Add
   std::unique_lock held(agentLock);
@@ -701,7 +597,7 @@ TEST_F(ZdsServer, SnapshotAckCallbackNeverBlocksAnAdd) {
 TEST_F(ZdsServer, IdleCheckNoticesEof) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   ASSERT_EQ(server->peers().size(), 1u);
   peer.close();
@@ -713,7 +609,7 @@ TEST_F(ZdsServer, IdleCheckNoticesEof) {
 TEST_F(ZdsServer, IdleConnectionStaysAcrossManyChecks) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   std::this_thread::sleep_for(500ms);  // five idle checks
   EXPECT_EQ(server->peers().size(), 1u);
@@ -727,31 +623,31 @@ TEST_F(ZdsServer, IdleConnectionStaysAcrossManyChecks) {
 TEST_F(ZdsServer, MisbehavingPeerLosesItsConnectionOthersKeepServing) {
   struct Case {
     const char* what;
-    std::function<void(FakePeer&)> answer;  ///< instead of an ack
+    std::function<void(FakeZtunnel&)> answer;  ///< instead of an ack
     int code;
     std::string message;
   };
   Fd extra = podFd("extra");
   std::vector<Case> cases = {
-      {"garbage datagram", [](FakePeer& p) { p.sendRaw(std::string("\xff\xff\xff", 3)); }, EPROTO,
+      {"garbage datagram", [](FakeZtunnel& p) { p.sendRaw(std::string("\xff\xff\xff", 3)); }, EPROTO,
        "protocol error: datagram does not parse as WorkloadResponse (ff ff ff)"},
-      {"oversize datagram", [](FakePeer& p) { p.sendRaw(std::string(2000, '\x0a')); }, EPROTO,
+      {"oversize datagram", [](FakeZtunnel& p) { p.sendRaw(std::string(2000, '\x0a')); }, EPROTO,
        "protocol error: truncated message (longer than 1024 bytes)"},
-      {"wrong message (a hello)", [](FakePeer& p) { p.sendRaw(std::string("\x08\x01", 2)); }, EPROTO,
+      {"wrong message (a hello)", [](FakeZtunnel& p) { p.sendRaw(std::string("\x08\x01", 2)); }, EPROTO,
        "protocol error: WorkloadResponse without ack (08 01)"},
-      {"fd on an ack", [&](FakePeer& p) { p.sendRaw(*encodeAck(""), {extra.get()}); }, EPROTO,
+      {"fd on an ack", [&](FakeZtunnel& p) { p.sendRaw(*encodeAck(""), {extra.get()}); }, EPROTO,
        "protocol error: ack came with 1 fd(s)"},
-      {"silence past the deadline", [](FakePeer&) {}, ETIMEDOUT, "no ack within 200 ms"},
+      {"silence past the deadline", [](FakeZtunnel&) {}, ETIMEDOUT, "no ack within 200 ms"},
   };
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer good(path());
+  FakeZtunnel good(path());
   ASSERT_TRUE(good.handshake().ok());
   Fd ns = podFd("pod");
   size_t before = openFds();
   for (const auto& c : cases) {
     SCOPED_TRACE(c.what);
-    FakePeer bad(path());
+    FakeZtunnel bad(path());
     ASSERT_TRUE(bad.handshake().ok());
     auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
     auto r = bad.request();
@@ -777,9 +673,9 @@ TEST_F(ZdsServer, MisbehavingPeerLosesItsConnectionOthersKeepServing) {
 TEST_F(ZdsServer, UnsolicitedMessageOnAnIdleConnectionDropsIt) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer good(path());
+  FakeZtunnel good(path());
   ASSERT_TRUE(good.handshake().ok());
-  FakePeer chatty(path());
+  FakeZtunnel chatty(path());
   ASSERT_TRUE(chatty.handshake().ok());
   ASSERT_TRUE(chatty.ack());  // nobody asked
   EXPECT_TRUE(chatty.closedByServer());
@@ -800,7 +696,7 @@ TEST_F(ZdsServer, GarbageBeforeTheSnapshotEndsDropsTheConnection) {
   };
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.hello());
   ASSERT_TRUE(peer.request().ok());
   ASSERT_TRUE(peer.sendRaw(std::string("\xde\xad", 2)));
@@ -813,7 +709,7 @@ TEST_F(ZdsServer, GarbageBeforeTheSnapshotEndsDropsTheConnection) {
 TEST_F(ZdsServer, NoFdLeakedAfterAThousandAddDelCycles) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   std::atomic<bool> stop{false};
   std::thread ztunnel([&] {
@@ -841,7 +737,7 @@ TEST_F(ZdsServer, NoFdLeakedAfterAThousandAddDelCycles) {
 TEST_F(ZdsServer, StopClosesConnectionsAndUnlinksTheSocket) {
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   ASSERT_TRUE(std::filesystem::exists(path()));
   server->stop();
@@ -864,7 +760,7 @@ TEST_F(ZdsServer, StopLeavesASocketFileThatANewerAgentOwns) {
   ASSERT_TRUE(fresh);
   old->stop();
   ASSERT_TRUE(std::filesystem::exists(path()));
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   EXPECT_EQ(fresh->peers().size(), 1u);
 }
@@ -902,7 +798,7 @@ TEST_F(ZdsServer, StaleSocketFileIsReplaced) {
   ASSERT_TRUE(std::filesystem::exists(path()));
   auto server = startServer();
   ASSERT_TRUE(server);
-  FakePeer peer(path());
+  FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
 }
 
@@ -917,7 +813,7 @@ TEST_F(ZdsServer, DefaultDeadlinesAreTheProtocols) {
   o.socketPath = path();
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakePeer silent(path());
+  FakeZtunnel silent(path());
   ASSERT_TRUE(silent.ok());
   EXPECT_FALSE(silent.closedByServer(4500ms));
   EXPECT_TRUE(silent.closedByServer(5000ms));

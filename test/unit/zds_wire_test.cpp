@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "loader/fd.h"
+#include "test/common/zds_peers.h"
 #include "userspace/agent/zds/wire.h"
 #include "userspace/agent/zds/zds.pb.h"
 
@@ -228,37 +229,11 @@ struct Pair {
   }
 };
 
-/// Sends raw bytes with the given fds in one SCM_RIGHTS message.
 bool sendRaw(int sock, const std::string& data, const std::vector<int>& fds) {
-  iovec iov{const_cast<char*>(data.data()), data.size()};
-  msghdr msg{};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  std::vector<char> control(CMSG_SPACE(fds.size() * sizeof(int)));
-  if (!fds.empty()) {
-    msg.msg_control = control.data();
-    msg.msg_controllen = control.size();
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(fds.size() * sizeof(int));
-    std::memcpy(CMSG_DATA(c), fds.data(), fds.size() * sizeof(int));
-  }
-  return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
+  return test::sendWithFds(sock, data, fds);
 }
-
-std::pair<dev_t, ino_t> idOf(int fd) {
-  struct stat st {};
-  ::fstat(fd, &st);
-  return {st.st_dev, st.st_ino};
-}
-
-size_t openFds() {
-  size_t n = 0;
-  for (int fd = 0; fd < 4096; ++fd)
-    if (::fcntl(fd, F_GETFD) >= 0) ++n;
-  return n;
-}
+std::pair<dev_t, ino_t> idOf(int fd) { return test::fileIdOf(fd); }
+size_t openFds() { return test::openFdCount(); }
 
 TEST(ZdsDatagram, MessageAndFdArriveTogether) {
   Pair p;
