@@ -150,6 +150,10 @@ Subprocess::~Subprocess() {
   }
 }
 
+void Subprocess::signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
 CommandResult Subprocess::wait(std::chrono::milliseconds timeout) {
   CommandResult r;
   if (pid_ <= 0) return r;

@@ -68,6 +68,9 @@ class Subprocess {
   /// is killed and the result says timedOut.
   CommandResult wait(std::chrono::milliseconds timeout = 30s);
 
+  /// Sends @p sig to the child (while it runs).
+  void signal(int sig);
+
  private:
   Subprocess() = default;
   pid_t pid_ = -1;
