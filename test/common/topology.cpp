@@ -943,4 +943,14 @@ StandInConfig testStandInConfig() {
   return c;
 }
 
+NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
+  NodeProxyConfig c;
+  c.zdsPath = zdsPath;
+  c.proxy.reuseport = kernelAssignsReuseport();
+  c.retryInterval = std::chrono::milliseconds(200);
+  c.initialBackoff = std::chrono::milliseconds(5);
+  c.maxBackoff = std::chrono::milliseconds(50);
+  return c;
+}
+
 }  // namespace sluice::test

@@ -79,16 +79,6 @@ std::string lineWith(const std::string& text, const std::string& needle) {
   return "";
 }
 
-/// Short intervals so reconnects and retries take milliseconds.
-NodeProxyConfig nodeConfig(const std::string& path) {
-  NodeProxyConfig c;
-  c.zdsPath = path;
-  c.retryInterval = 200ms;
-  c.initialBackoff = 5ms;
-  c.maxBackoff = 50ms;
-  return c;
-}
-
 ServerOptions serverOptions(const std::string& path) {
   ServerOptions o;
   o.socketPath = path;
@@ -161,7 +151,11 @@ class Zds : public ::testing::Test {
   }
 
   std::unique_ptr<NodeProxyStandIn> startNode() {
-    auto n = NodeProxyStandIn::start(nodeConfig(path()));
+    auto c = testNodeProxyConfig(path());
+    // No data plane in these tests, so the kernel's reuseport assignment
+    // limit (< 6.6) does not apply; two node proxies share ports with it.
+    c.proxy.reuseport = true;
+    auto n = NodeProxyStandIn::start(c);
     EXPECT_TRUE(n.ok()) << n.error().message;
     return n.ok() ? std::move(*n) : nullptr;
   }
