@@ -191,6 +191,37 @@ TEST_F(ZdsServer, SnapshotSendsEveryPodInOrderWithItsFdThenSnapshotSent) {
   EXPECT_NE(m.find("sluice_ztunnel_requests_total{type=\"snapshot_sent\",result=\"ok\"} 1\n"), std::string::npos) << m;
 }
 
+TEST_F(ZdsServer, SnapshotEntryWithABadFdIsReportedAndSkipped) {
+  std::mutex mu;
+  std::vector<std::pair<std::string, std::string>> acks;
+  auto o = shortOptions(path());
+  o.snapshot = [] {
+    std::vector<SnapshotEntry> v;
+    v.push_back({pod("u-bad"), Fd(100000)});  // not an open fd
+    v.push_back({pod("u-good"), podFd("p")});
+    return v;
+  };
+  o.onSnapshotAck = [&](const std::string& uid, const std::string& error) {
+    std::lock_guard lock(mu);
+    acks.emplace_back(uid, error);
+  };
+  auto server = startServer(o);
+  ASSERT_TRUE(server);
+  FakeZtunnel peer(path());
+  ASSERT_TRUE(peer.hello());
+  auto snap = peer.snapshot();
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  ASSERT_EQ(snap->size(), 1u);
+  EXPECT_EQ((*snap)[0].request.workload.uid, "u-good");
+  ASSERT_TRUE(eventually([&] {
+    std::lock_guard lock(mu);
+    return acks.size() == 2;
+  }));
+  std::lock_guard lock(mu);
+  EXPECT_EQ(acks[0], std::make_pair(std::string("u-bad"), std::string("netns fd 100000: sendmsg: Bad file descriptor")));
+  EXPECT_EQ(acks[1], std::make_pair(std::string("u-good"), std::string("")));
+}
+
 TEST_F(ZdsServer, EmptySnapshotIsJustSnapshotSent) {
   auto server = startServer();
   ASSERT_TRUE(server);
@@ -740,6 +771,11 @@ TEST_F(ZdsServer, StopClosesConnectionsAndUnlinksTheSocket) {
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   ASSERT_TRUE(std::filesystem::exists(path()));
+  // Whoever connects gets every pod's netns: the socket is root's only.
+  struct stat file {};
+  ASSERT_EQ(::stat(path().c_str(), &file), 0);
+  EXPECT_EQ(file.st_mode & 0777, 0600u);
+  EXPECT_TRUE(S_ISSOCK(file.st_mode));
   server->stop();
   EXPECT_TRUE(peer.closedByServer());
   EXPECT_FALSE(std::filesystem::exists(path()));

@@ -165,6 +165,12 @@ Status Server::Impl::listen() {
   if (::bind(listenFd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return Error::fromErrno(errno, "zds: bind " + path);
   }
+  // Whoever connects is handed every pod's network namespace: root only.
+  if (::chmod(path.c_str(), 0600) != 0) {
+    int err = errno;
+    ::unlink(path.c_str());
+    return Error::fromErrno(err, "zds: chmod 0600 " + path);
+  }
   if (::stat(path.c_str(), &st) == 0) {
     fileDev = st.st_dev;
     fileIno = st.st_ino;
@@ -402,6 +408,8 @@ Outcome Server::Impl::exchange(Conn& conn, const Request& request, int netnsFd, 
     int code = sent.error().code;
     if (code == ECANCELED) return fail(Outcome::Cancelled, "zds server stopping");
     if (code == ETIMEDOUT) return fail(Outcome::Timeout, "could not write within " + ms(options.writeTimeout));
+    // Our fd, not the connection, is bad: nothing was sent.
+    if (code == EBADF) return fail(Outcome::Invalid, "netns fd " + std::to_string(netnsFd) + ": " + sent.error().message);
     return fail(Outcome::Gone, "connection " + std::to_string(conn.id) + ": " + sent.error().message);
   }
   auto ack = receiveDatagram(conn.sock.get(), after(options.ackTimeout), stopFd.get());
