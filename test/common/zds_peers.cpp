@@ -71,6 +71,16 @@ bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds tim
   return pred();
 }
 
+zds::ServerOptions testServerOptions(const std::string& path, std::chrono::milliseconds deadline) {
+  zds::ServerOptions o;
+  o.socketPath = path;
+  o.helloTimeout = deadline;
+  o.writeTimeout = deadline;
+  o.ackTimeout = deadline;
+  o.idleCheckInterval = deadline / 2;
+  return o;
+}
+
 zds::Request zdsRequest(zds::RequestType type, const std::string& uid) {
   zds::Request r;
   r.type = type;

@@ -16,6 +16,7 @@
 
 #include "loader/fd.h"
 #include "loader/result.h"
+#include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
 
 namespace sluice::test {
@@ -93,6 +94,10 @@ class FakeAgent {
   std::string path_;
   Fd listen_;
 };
+
+/// Server options for tests: @p deadline for the hello, each write and each
+/// ack, idle checks every half of it, so failure paths take milliseconds.
+zds::ServerOptions testServerOptions(const std::string& path, std::chrono::milliseconds deadline);
 
 /// A Request of @p type for @p uid (Add: name/ns/sa derived from the uid).
 zds::Request zdsRequest(zds::RequestType type, const std::string& uid = "");

@@ -25,6 +25,7 @@
 #include <algorithm>
 #include <atomic>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -79,20 +80,18 @@ std::string lineWith(const std::string& text, const std::string& needle) {
   return "";
 }
 
-ServerOptions serverOptions(const std::string& path) {
-  ServerOptions o;
-  o.socketPath = path;
-  o.helloTimeout = 1s;
-  o.writeTimeout = 1s;
-  o.ackTimeout = 2s;
-  o.idleCheckInterval = 200ms;
-  return o;
-}
-
 std::string describe(const std::vector<NodeProxyEvent>& events) {
   std::string s;
   for (const auto& e : events) s += "\n  " + e.type + " conn=" + std::to_string(e.connection) + " uid=" + e.uid + " " + e.detail;
   return s.empty() ? "(no events)" : s;
+}
+
+/// Whether @p events has one of @p type for @p uid (with @p detail, when given).
+bool hasEvent(const std::vector<NodeProxyEvent>& events, const std::string& type, const std::string& uid,
+              const std::optional<std::string>& detail = std::nullopt) {
+  return std::any_of(events.begin(), events.end(), [&](const NodeProxyEvent& e) {
+    return e.type == type && e.uid == uid && (!detail || e.detail == *detail);
+  });
 }
 
 /// Whether a thread can setns() into @p fd and then finds itself in @p want.
@@ -115,7 +114,7 @@ class Zds : public ::testing::Test {
 
   /// A server whose snapshot is the pods in registry_ (netns reopened each time).
   std::unique_ptr<Server> startServer() {
-    auto o = serverOptions(path());
+    auto o = testServerOptions(path(), 2s);
     o.snapshot = [this] {
       std::lock_guard lock(mu_);
       std::vector<SnapshotEntry> v;
@@ -125,29 +124,6 @@ class Zds : public ::testing::Test {
     auto s = Server::start(o);
     EXPECT_TRUE(s.ok()) << s.error().message;
     return s.ok() ? std::move(*s) : nullptr;
-  }
-
-  /// Enrolls like the agent will: registry entry, then add() with the netns.
-  Status enroll(Server& server, const std::string& uid, const TestNetns& ns) {
-    {
-      std::lock_guard lock(mu_);
-      registry_[uid] = &ns;
-    }
-    Fd fd = openNetns(ns);
-    Status st = server.add(pod(uid), fd.get());
-    if (!st) {
-      std::lock_guard lock(mu_);
-      registry_.erase(uid);
-    }
-    return st;
-  }
-
-  Status unenroll(Server& server, const std::string& uid) {
-    {
-      std::lock_guard lock(mu_);
-      registry_.erase(uid);
-    }
-    return server.del(uid);
   }
 
   std::unique_ptr<NodeProxyStandIn> startNode() {
@@ -160,12 +136,46 @@ class Zds : public ::testing::Test {
     return n.ok() ? std::move(*n) : nullptr;
   }
 
-  /// Waits until the stand-in is connected and its snapshot acked.
-  static bool ready(const Server& server, size_t connections = 1) {
+  /// Waits until @p connections stand-ins are connected, the newest with its
+  /// snapshot acked.
+  bool ready(size_t connections = 1) {
     return eventually([&] {
-      auto p = server.peers();
+      auto p = server_->peers();
       return p.size() == connections && p.back().snapshotDone;
     }, 3s);
+  }
+
+  /// server_ and node_ up, the node's snapshot acked.
+  ::testing::AssertionResult up() {
+    server_ = startServer();
+    if (!server_) return ::testing::AssertionFailure() << "server did not start";
+    node_ = startNode();
+    if (!node_) return ::testing::AssertionFailure() << "node proxy did not start";
+    if (!ready()) return ::testing::AssertionFailure() << "no acked snapshot" << describe(node_->events());
+    return ::testing::AssertionSuccess();
+  }
+
+  /// Enrolls like the agent will: registry entry, then add() with the netns.
+  Status enroll(const std::string& uid, const TestNetns& ns) {
+    {
+      std::lock_guard lock(mu_);
+      registry_[uid] = &ns;
+    }
+    Fd fd = openNetns(ns);
+    Status st = server_->add(pod(uid), fd.get());
+    if (!st) {
+      std::lock_guard lock(mu_);
+      registry_.erase(uid);
+    }
+    return st;
+  }
+
+  Status unenroll(const std::string& uid) {
+    {
+      std::lock_guard lock(mu_);
+      registry_.erase(uid);
+    }
+    return server_->del(uid);
   }
 
   TempDir dir_{"zdsn"};
@@ -173,6 +183,9 @@ class Zds : public ::testing::Test {
   TestNetns podB_{"zpod"};
   std::mutex mu_;
   std::map<std::string, const TestNetns*> registry_;
+  // Destroyed first: the proxies close before the namespaces go.
+  std::unique_ptr<Server> server_;
+  std::unique_ptr<NodeProxyStandIn> node_;
 };
 
 // ---- The server's fds are the pods' namespaces -------------------------------------
@@ -183,8 +196,8 @@ TEST_F(Zds, SnapshotFdsAreThePodsNamespacesOnEveryConnection) {
     registry_["a"] = &podA_;
     registry_["b"] = &podB_;
   }
-  auto server = startServer();
-  ASSERT_TRUE(server);
+  server_ = startServer();
+  ASSERT_TRUE(server_);
   for (int round = 0; round < 2; ++round) {
     SCOPED_TRACE("connection " + std::to_string(round + 1));
     FakeZtunnel peer(path());
@@ -207,8 +220,8 @@ TEST_F(Zds, SnapshotFdsAreThePodsNamespacesOnEveryConnection) {
 }
 
 TEST_F(Zds, AddHandsThePodsNamespace) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
+  server_ = startServer();
+  ASSERT_TRUE(server_);
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = openNetns(podB_);
@@ -217,7 +230,7 @@ TEST_F(Zds, AddHandsThePodsNamespace) {
     if (r.ok() && r->fds.size() == 1 && fileIdOf(r->fds[0].get()) == fileIdOf(podB_.path())) peer.ack();
     else peer.ack("wrong namespace");
   });
-  Status st = server->add(pod("b"), ns.get());
+  Status st = server_->add(pod("b"), ns.get());
   ztunnel.join();
   EXPECT_TRUE(st.ok()) << st.error().message;
 }
@@ -225,16 +238,12 @@ TEST_F(Zds, AddHandsThePodsNamespace) {
 // ---- The node proxy stand-in ---------------------------------------------------------
 
 TEST_F(Zds, AddOpensZtunnelsListenersInsideThePodAndDelClosesThem) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  auto node = startNode();
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(ready(*server));
+  ASSERT_TRUE(up());
   EXPECT_FALSE(listening(podA_, "127.0.0.1", 15008));
 
-  Status st = enroll(*server, "a", podA_);
-  ASSERT_TRUE(st.ok()) << st.error().message << describe(node->events());
-  EXPECT_EQ(node->runningPods(), std::vector<std::string>{"a"});
+  Status st = enroll("a", podA_);
+  ASSERT_TRUE(st.ok()) << st.error().message << describe(node_->events());
+  EXPECT_EQ(node_->runningPods(), std::vector<std::string>{"a"});
   // Dual-stack HBONE/inbound/outbound, DNS on both loopbacks.
   EXPECT_TRUE(hboneAnswers(podA_, "127.0.0.1"));
   EXPECT_TRUE(hboneAnswers(podA_, "::1"));
@@ -264,26 +273,22 @@ TEST_F(Zds, AddOpensZtunnelsListenersInsideThePodAndDelClosesThem) {
   EXPECT_NE(udp.find("fwmark:0x539"), std::string::npos) << udp;
   // Nothing in the other pod, nothing in the test's own namespace.
   EXPECT_FALSE(listening(podB_, "127.0.0.1", 15008));
-  EXPECT_TRUE(node->waitForEvent("proxy-started", "a", 1s)) << describe(node->events());
+  EXPECT_TRUE(node_->waitForEvent("proxy-started", "a", 1s)) << describe(node_->events());
 
-  st = unenroll(*server, "a");
+  st = unenroll("a");
   ASSERT_TRUE(st.ok()) << st.error().message;
   // Closed at once: by the time the Del is acked.
   EXPECT_FALSE(listening(podA_, "127.0.0.1", 15008));
   EXPECT_FALSE(listening(podA_, "::1", 15001));
-  EXPECT_TRUE(node->runningPods().empty());
-  EXPECT_TRUE(node->waitForEvent("proxy-stopped", "a", 1s));
+  EXPECT_TRUE(node_->runningPods().empty());
+  EXPECT_TRUE(node_->waitForEvent("proxy-stopped", "a", 1s));
 }
 
 TEST_F(Zds, PodWithoutIpv6GetsIpv4ListenersOnly) {
   ASSERT_EQ(podA_.setSysctl("net/ipv6/conf/all/disable_ipv6", "1").ok(), true);
   ASSERT_EQ(podA_.setSysctl("net/ipv6/conf/lo/disable_ipv6", "1").ok(), true);
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  auto node = startNode();
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(ready(*server));
-  Status st = enroll(*server, "a", podA_);
+  ASSERT_TRUE(up());
+  Status st = enroll("a", podA_);
   ASSERT_TRUE(st.ok()) << st.error().message;
   EXPECT_TRUE(hboneAnswers(podA_, "127.0.0.1"));
   std::string udp = ssListening(podA_, "u");
@@ -292,46 +297,34 @@ TEST_F(Zds, PodWithoutIpv6GetsIpv4ListenersOnly) {
 }
 
 TEST_F(Zds, SnapshotAfterReconnectStopsProxiesItDoesNotName) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  auto node = startNode();
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(ready(*server));
-  ASSERT_TRUE(enroll(*server, "a", podA_).ok());
-  ASSERT_TRUE(enroll(*server, "b", podB_).ok());
+  ASSERT_TRUE(up());
+  ASSERT_TRUE(enroll("a", podA_).ok());
+  ASSERT_TRUE(enroll("b", podB_).ok());
   EXPECT_TRUE(hboneAnswers(podB_, "127.0.0.1"));
 
   // The agent goes away; meanwhile pod b is removed (no Del reaches ztunnel).
-  server.reset();
+  server_.reset();
   {
     std::lock_guard lock(mu_);
     registry_.erase("b");
   }
   EXPECT_TRUE(hboneAnswers(podB_, "127.0.0.1"));  // proxies survive a lost connection
-  node->clearEvents();
-  server = startServer();
-  ASSERT_TRUE(server);
-  ASSERT_TRUE(ready(*server));
-  ASSERT_TRUE(node->waitForEvent("snapshot", "", 2s)) << describe(node->events());
+  node_->clearEvents();
+  server_ = startServer();
+  ASSERT_TRUE(server_);
+  ASSERT_TRUE(ready());
+  ASSERT_TRUE(node_->waitForEvent("snapshot", "", 2s)) << describe(node_->events());
   EXPECT_FALSE(listening(podB_, "127.0.0.1", 15008));
   EXPECT_TRUE(hboneAnswers(podA_, "127.0.0.1"));
-  EXPECT_EQ(node->runningPods(), std::vector<std::string>{"a"});
+  EXPECT_EQ(node_->runningPods(), std::vector<std::string>{"a"});
   // a was named again with the same netns: left running, not restarted.
-  auto ev = node->events();
-  EXPECT_TRUE(std::none_of(ev.begin(), ev.end(), [](const NodeProxyEvent& e) {
-    return e.uid == "a" && (e.type == "proxy-started" || e.type == "proxy-stopped");
-  })) << describe(ev);
-  EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const NodeProxyEvent& e) {
-    return e.type == "proxy-stopped" && e.uid == "b" && e.detail == "not in the snapshot";
-  })) << describe(ev);
+  auto ev = node_->events();
+  EXPECT_FALSE(hasEvent(ev, "proxy-started", "a") || hasEvent(ev, "proxy-stopped", "a")) << describe(ev);
+  EXPECT_TRUE(hasEvent(ev, "proxy-stopped", "b", "not in the snapshot")) << describe(ev);
 }
 
 TEST_F(Zds, PortTakenInThePodFailsTheAddThenTheProxyStartsOnRetry) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  auto node = startNode();
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(ready(*server));
+  ASSERT_TRUE(up());
   // An app in the pod holds 15001 without SO_REUSEPORT.
   auto app = socketIn(podA_, AF_INET, SOCK_STREAM);
   ASSERT_TRUE(app.ok());
@@ -339,92 +332,86 @@ TEST_F(Zds, PortTakenInThePodFailsTheAddThenTheProxyStartsOnRetry) {
   ASSERT_EQ(::bind(app->get(), any.raw(), any.len), 0) << std::strerror(errno);
   ASSERT_EQ(::listen(app->get(), 8), 0);
 
-  Status st = enroll(*server, "a", podA_);
+  Status st = enroll("a", podA_);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, EPROTO);
   EXPECT_NE(st.error().message.find("on connection 1: failure to start proxy : outbound listener [::]:15001: bind: "
                                     "Address already in use"),
             std::string::npos)
       << st.error().message;
-  EXPECT_EQ(node->pendingPods(), std::vector<std::string>{"a"});
+  EXPECT_EQ(node_->pendingPods(), std::vector<std::string>{"a"});
   EXPECT_FALSE(listening(podA_, "127.0.0.1", 15008));  // nothing half-opened
-  EXPECT_EQ(server->peers().size(), 1u);               // the connection stays
+  EXPECT_EQ(server_->peers().size(), 1u);               // the connection stays
 
   // ztunnel retries the pod on its own once the port is free.
   app->reset();
-  EXPECT_TRUE(node->waitFor([](const NodeProxyEvent& e) { return e.type == "proxy-started" && e.detail == "retry"; },
+  EXPECT_TRUE(node_->waitFor([](const NodeProxyEvent& e) { return e.type == "proxy-started" && e.detail == "retry"; },
                             3s))
-      << describe(node->events());
+      << describe(node_->events());
   EXPECT_TRUE(hboneAnswers(podA_, "127.0.0.1"));
-  EXPECT_TRUE(node->pendingPods().empty());
+  EXPECT_TRUE(node_->pendingPods().empty());
   // The agent's retry of the add is now a no-op success.
-  st = enroll(*server, "a", podA_);
+  st = enroll("a", podA_);
   EXPECT_TRUE(st.ok()) << st.error().message;
 }
 
 TEST_F(Zds, SameUidInAnotherNetnsMovesTheProxy) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  auto node = startNode();
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(ready(*server));
-  ASSERT_TRUE(enroll(*server, "u", podA_).ok());
+  ASSERT_TRUE(up());
+  ASSERT_TRUE(enroll("u", podA_).ok());
   EXPECT_TRUE(hboneAnswers(podA_, "127.0.0.1"));
   // Same uid, same netns again: success, nothing done.
-  node->clearEvents();
-  ASSERT_TRUE(enroll(*server, "u", podA_).ok());
-  auto ev = node->events();
+  node_->clearEvents();
+  ASSERT_TRUE(enroll("u", podA_).ok());
+  auto ev = node_->events();
   EXPECT_TRUE(std::none_of(ev.begin(), ev.end(), [](const NodeProxyEvent& e) { return e.type.rfind("proxy-", 0) == 0; }))
       << describe(ev);
   // The sandbox was re-created: same uid, another netns.
-  ASSERT_TRUE(enroll(*server, "u", podB_).ok());
+  ASSERT_TRUE(enroll("u", podB_).ok());
   EXPECT_TRUE(hboneAnswers(podB_, "127.0.0.1"));
   EXPECT_FALSE(listening(podA_, "127.0.0.1", 15008));
-  ev = node->events();
-  EXPECT_TRUE(std::any_of(ev.begin(), ev.end(), [](const NodeProxyEvent& e) {
-    return e.type == "proxy-stopped" && e.uid == "u" && e.detail == "netns changed";
-  })) << describe(ev);
+  ev = node_->events();
+  EXPECT_TRUE(hasEvent(ev, "proxy-stopped", "u", "netns changed")) << describe(ev);
 }
 
 TEST_F(Zds, TwoNodeProxiesAddsGoToTheNewestDelsToBoth) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  auto oldNode = startNode();
-  ASSERT_TRUE(oldNode);
-  ASSERT_TRUE(ready(*server, 1));
-  ASSERT_TRUE(enroll(*server, "a", podA_).ok());
+  server_ = startServer();
+  ASSERT_TRUE(server_);
+  node_ = startNode();  // the old ztunnel
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(ready(1));
+  ASSERT_TRUE(enroll("a", podA_).ok());
   // A new ztunnel starts (a rolling upgrade): it gets a's pod in its snapshot
   // and shares a's ports through SO_REUSEPORT.
   auto newNode = startNode();
   ASSERT_TRUE(newNode);
-  ASSERT_TRUE(ready(*server, 2));
+  ASSERT_TRUE(ready(2));
   EXPECT_EQ(newNode->runningPods(), std::vector<std::string>{"a"});
-  ASSERT_TRUE(enroll(*server, "b", podB_).ok());
+  ASSERT_TRUE(enroll("b", podB_).ok());
   EXPECT_EQ(newNode->runningPods(), (std::vector<std::string>{"a", "b"}));
-  EXPECT_EQ(oldNode->runningPods(), std::vector<std::string>{"a"});
-  ASSERT_TRUE(unenroll(*server, "a").ok());
-  EXPECT_TRUE(oldNode->runningPods().empty());
+  EXPECT_EQ(node_->runningPods(), std::vector<std::string>{"a"});
+  ASSERT_TRUE(unenroll("a").ok());
+  EXPECT_TRUE(node_->runningPods().empty());
   EXPECT_EQ(newNode->runningPods(), std::vector<std::string>{"b"});
   EXPECT_FALSE(listening(podA_, "127.0.0.1", 15008));
   // The newest leaves: adds go to the old one again.
   newNode.reset();
-  Status st = enroll(*server, "a", podA_);
+  Status st = enroll("a", podA_);
   EXPECT_TRUE(st.ok()) << st.error().message;
-  EXPECT_EQ(oldNode->runningPods(), std::vector<std::string>{"a"});
+  EXPECT_EQ(node_->runningPods(), std::vector<std::string>{"a"});
 }
 
 TEST_F(Zds, NoStandInConnectedAddFailsRetryably) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
-  Status st = enroll(*server, "a", podA_);
+  server_ = startServer();
+  ASSERT_TRUE(server_);
+  Status st = enroll("a", podA_);
   ASSERT_FALSE(st.ok());
   EXPECT_EQ(st.error().code, EAGAIN);
   EXPECT_EQ(st.error().message, "no ztunnel connection");
   // The stand-in comes up: the agent's retry works.
-  auto node = startNode();
-  ASSERT_TRUE(node);
-  ASSERT_TRUE(ready(*server));
-  st = enroll(*server, "a", podA_);
+  node_ = startNode();
+  ASSERT_TRUE(node_);
+  ASSERT_TRUE(ready());
+  st = enroll("a", podA_);
   EXPECT_TRUE(st.ok()) << st.error().message;
   EXPECT_TRUE(hboneAnswers(podA_, "127.0.0.1"));
 }
@@ -432,19 +419,19 @@ TEST_F(Zds, NoStandInConnectedAddFailsRetryably) {
 // ---- The binary ------------------------------------------------------------------
 
 TEST_F(Zds, StandInBinaryServesPodsOverZds) {
-  auto server = startServer();
-  ASSERT_TRUE(server);
+  server_ = startServer();
+  ASSERT_TRUE(server_);
   auto child = Subprocess::start({builtBinary("sluice-standin"), "--zds", path(), "--retry-interval", "200"});
   ASSERT_TRUE(child.ok()) << child.error().message;
-  ASSERT_TRUE(ready(*server));
-  Status st = enroll(*server, "a", podA_);
+  ASSERT_TRUE(ready());
+  Status st = enroll("a", podA_);
   ASSERT_TRUE(st.ok()) << st.error().message;
   auto fd = tcpConnect(podA_, Endpoint::of("127.0.0.1", 15008));
   ASSERT_TRUE(fd.ok()) << fd.error().message;
   auto hbone = readSome(fd->get(), 16);
   ASSERT_TRUE(hbone.ok());
   EXPECT_EQ(*hbone, "hbone\n");
-  ASSERT_TRUE(unenroll(*server, "a").ok());
+  ASSERT_TRUE(unenroll("a").ok());
   EXPECT_FALSE(listening(podA_, "127.0.0.1", 15008));
   (*child)->signal(SIGTERM);
   auto r = (*child)->wait(5s);

@@ -53,14 +53,15 @@ WorkloadInfo pod(const std::string& uid) { return {uid, "name-" + uid, "ns-" + u
 size_t openFds() { return test::openFdCount(); }
 
 /// Short deadlines, so failure paths take milliseconds.
-ServerOptions shortOptions(const std::string& path) {
-  ServerOptions o;
-  o.socketPath = path;
-  o.helloTimeout = 200ms;
-  o.writeTimeout = 200ms;
-  o.ackTimeout = 200ms;
-  o.idleCheckInterval = 100ms;
-  return o;
+ServerOptions shortOptions(const std::string& path) { return test::testServerOptions(path, 200ms); }
+
+/// A snapshot of one pod @p uid with its own (memfd) namespace.
+std::function<std::vector<SnapshotEntry>()> snapshotOf(const std::string& uid) {
+  return [uid] {
+    std::vector<SnapshotEntry> v;
+    v.push_back({pod(uid), podFd(uid)});
+    return v;
+  };
 }
 
 class ZdsServer : public ::testing::Test {
@@ -258,22 +259,20 @@ TEST_F(ZdsServer, EachConnectionGetsAFreshSnapshot) {
   EXPECT_EQ((*s)[1].request.workload.uid, "u1");
 }
 
-TEST_F(ZdsServer, SilenceDuringTheSnapshotDropsTheConnection) {
+TEST_F(ZdsServer, MisbehaviourDuringTheSnapshotDropsTheConnection) {
   auto o = shortOptions(path());
-  o.snapshot = [] {
-    std::vector<SnapshotEntry> v;
-    v.push_back({pod("u1"), podFd("p")});
-    return v;
-  };
+  o.snapshot = snapshotOf("u1");
   auto server = startServer(o);
   ASSERT_TRUE(server);
-  FakeZtunnel peer(path());
-  ASSERT_TRUE(peer.hello());
-  auto r = peer.request();
-  ASSERT_TRUE(r.ok());
-  // No ack: dropped at the ack deadline.
-  EXPECT_TRUE(peer.closedByServer());
-  EXPECT_TRUE(server->peers().empty());
+  for (bool garbage : {false, true}) {
+    SCOPED_TRACE(garbage ? "garbage instead of the ack" : "no ack (silence past the deadline)");
+    FakeZtunnel peer(path());
+    ASSERT_TRUE(peer.hello());
+    ASSERT_TRUE(peer.request().ok());
+    if (garbage) ASSERT_TRUE(peer.sendRaw(std::string("\xde\xad", 2)));
+    EXPECT_TRUE(peer.closedByServer());
+    EXPECT_TRUE(eventually([&] { return server->peers().empty(); }));
+  }
 }
 
 // ---- Add / Del ---------------------------------------------------------------------
@@ -477,11 +476,7 @@ TEST_F(ZdsServer, AddsGoToTheNewestDelsToAllAndFallBackWhenTheNewestLeaves) {
 TEST_F(ZdsServer, AddIssuedDuringTheSnapshotIsQueuedBehindIt) {
   auto o = shortOptions(path());
   o.ackTimeout = 2s;
-  o.snapshot = [] {
-    std::vector<SnapshotEntry> v;
-    v.push_back({pod("old"), podFd("p")});
-    return v;
-  };
+  o.snapshot = snapshotOf("old");
   auto server = startServer(o);
   ASSERT_TRUE(server);
   FakeZtunnel peer(path());
@@ -592,11 +587,7 @@ TEST_F(ZdsServer, SnapshotAckCallbackNeverBlocksAnAdd) {
   std::atomic<int> acked{0};
   auto o = shortOptions(path());
   o.ackTimeout = 2s;
-  o.snapshot = [] {
-    std::vector<SnapshotEntry> v;
-    v.push_back({pod("s1"), podFd("p")});
-    return v;
-  };
+  o.snapshot = snapshotOf("s1");
   o.onSnapshotAck = [&](const std::string&, const std::string&) {
     std::lock_guard lock(agentLock);
     ++acked;
@@ -716,23 +707,6 @@ TEST_F(ZdsServer, UnsolicitedMessageOnAnIdleConnectionDropsIt) {
   ASSERT_TRUE(good.request().ok());
   ASSERT_TRUE(good.ack());
   EXPECT_TRUE(f.get().ok());
-}
-
-TEST_F(ZdsServer, GarbageBeforeTheSnapshotEndsDropsTheConnection) {
-  auto o = shortOptions(path());
-  o.snapshot = [] {
-    std::vector<SnapshotEntry> v;
-    v.push_back({pod("u1"), podFd("p")});
-    return v;
-  };
-  auto server = startServer(o);
-  ASSERT_TRUE(server);
-  FakeZtunnel peer(path());
-  ASSERT_TRUE(peer.hello());
-  ASSERT_TRUE(peer.request().ok());
-  ASSERT_TRUE(peer.sendRaw(std::string("\xde\xad", 2)));
-  EXPECT_TRUE(peer.closedByServer());
-  EXPECT_TRUE(server->peers().empty());
 }
 
 // ---- Resources ---------------------------------------------------------------------

@@ -93,6 +93,26 @@ void printLine(const std::string& line) {
   std::fflush(stdout);
 }
 
+/// Starts the stand-in with @p start, prints {"ready":true} (no event line
+/// comes before it) and serves until SIGINT/SIGTERM; 1 when it cannot start.
+template <typename Start>
+int serveUntilSignal(Start start, const sigset_t& signals) {
+  std::unique_lock readyLock(stdoutMutex);
+  auto running = start();
+  if (!running) {
+    std::fprintf(stderr, "sluice-standin: %s\n", running.error().message.c_str());
+    return 1;
+  }
+  std::fputs("{\"ready\":true}\n", stdout);
+  std::fflush(stdout);
+  readyLock.unlock();
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  (*running)->stop();
+  return 0;
+}
+
 /// The JSON fields of one connection/query (without braces).
 std::string connectionFields(const sluice::ProxyEvent& ev) {
   return "\"listener\":" + jsonString(ev.listener) + ",\"port\":" + std::to_string(ev.listenerPort) +
@@ -125,20 +145,7 @@ int runNodeProxy(const sluice::StandInConfig& perPod, const std::string& zdsPath
     }
     printLine(line + ",\"detail\":" + jsonString(e.detail) + "}");
   };
-  std::unique_lock readyLock(stdoutMutex);
-  auto node = sluice::NodeProxyStandIn::start(config);
-  if (!node) {
-    std::fprintf(stderr, "sluice-standin: %s\n", node.error().message.c_str());
-    return 1;
-  }
-  std::fputs("{\"ready\":true}\n", stdout);
-  std::fflush(stdout);
-  readyLock.unlock();
-  int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
-  }
-  (*node)->stop();
-  return 0;
+  return serveUntilSignal([&] { return sluice::NodeProxyStandIn::start(config); }, signals);
 }
 
 }  // namespace
@@ -226,20 +233,5 @@ int main(int argc, char** argv) {
 
   config.onEvent = [](const sluice::ProxyEvent& ev) { printLine("{" + connectionFields(ev) + "}"); };
 
-  // Held until "ready" is out, so no event line comes before it.
-  std::unique_lock readyLock(stdoutMutex);
-  auto standIn = sluice::ProxyStandIn::start(config);
-  if (!standIn) {
-    std::fprintf(stderr, "sluice-standin: %s\n", standIn.error().message.c_str());
-    return 1;
-  }
-  std::fputs("{\"ready\":true}\n", stdout);
-  std::fflush(stdout);
-  readyLock.unlock();
-
-  int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
-  }
-  (*standIn)->stop();
-  return 0;
+  return serveUntilSignal([&] { return sluice::ProxyStandIn::start(config); }, signals);
 }
