@@ -76,6 +76,11 @@ class ZdsServer : public ::testing::Test {
   std::unique_ptr<Server> startServer() { return startServer(shortOptions(path())); }
   std::string path() const { return dir_.file("zds.sock"); }
 
+  /// add() on another thread: it returns only once the fake ztunnel acked.
+  static std::future<Status> addAsync(Server& server, const std::string& uid, int fd) {
+    return std::async(std::launch::async, [&server, uid, fd] { return server.add(pod(uid), fd); });
+  }
+
   std::string metrics(const Server& s) {
     std::string out;
     s.renderMetrics(out);
@@ -283,7 +288,7 @@ TEST_F(ZdsServer, AddSendsTheFdAndWaitsForTheAck) {
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   auto r = peer.request();
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->request.type, RequestType::Add);
@@ -321,8 +326,8 @@ TEST_F(ZdsServer, StrictlyOneRequestThenOneAck) {
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd a = podFd("a"), b = podFd("b");
-  auto fa = std::async(std::launch::async, [&] { return server->add(pod("u-a"), a.get()); });
-  auto fb = std::async(std::launch::async, [&] { return server->add(pod("u-b"), b.get()); });
+  auto fa = addAsync(*server, "u-a", a.get());
+  auto fb = addAsync(*server, "u-b", b.get());
   auto first = peer.request();
   ASSERT_TRUE(first.ok()) << first.error().message;
   // The second request waits for the first one's ack.
@@ -344,7 +349,7 @@ TEST_F(ZdsServer, ErrorAckFailsTheAddWithZtunnelsText) {
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   ASSERT_TRUE(peer.request().ok());
   ASSERT_TRUE(peer.ack("failure to start proxy : address in use"));
   Status st = f.get();
@@ -353,7 +358,7 @@ TEST_F(ZdsServer, ErrorAckFailsTheAddWithZtunnelsText) {
   EXPECT_EQ(st.error().message,
             "ztunnel refused pod ns-u1/name-u1 (uid u1) on connection 1: failure to start proxy : address in use");
   // The connection stays: the next add goes through.
-  auto g = std::async(std::launch::async, [&] { return server->add(pod("u2"), ns.get()); });
+  auto g = addAsync(*server, "u2", ns.get());
   ASSERT_TRUE(peer.request().ok());
   ASSERT_TRUE(peer.ack());
   EXPECT_TRUE(g.get().ok());
@@ -386,7 +391,7 @@ TEST_F(ZdsServer, AckTimeoutFailsTheAddAndDropsTheConnection) {
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   ASSERT_TRUE(peer.request().ok());
   Status st = f.get();  // never acked
   ASSERT_FALSE(st.ok());
@@ -437,7 +442,7 @@ TEST_F(ZdsServer, AddsGoToTheNewestDelsToAllAndFallBackWhenTheNewestLeaves) {
   EXPECT_EQ(peers[1].uid, ::getuid());
 
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   auto r = newer.request();
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->request.type, RequestType::Add);
@@ -463,7 +468,7 @@ TEST_F(ZdsServer, AddsGoToTheNewestDelsToAllAndFallBackWhenTheNewestLeaves) {
   // The newest leaves (before any idle check noticed): the add finds it
   // broken and goes to the older one.
   newer.close();
-  auto g = std::async(std::launch::async, [&] { return server->add(pod("u2"), ns.get()); });
+  auto g = addAsync(*server, "u2", ns.get());
   auto r2 = older.request();
   ASSERT_TRUE(r2.ok()) << r2.error().message;
   EXPECT_EQ(r2->request.workload.uid, "u2");
@@ -485,7 +490,7 @@ TEST_F(ZdsServer, AddIssuedDuringTheSnapshotIsQueuedBehindIt) {
   ASSERT_TRUE(first.ok());
   EXPECT_EQ(first->request.workload.uid, "old");
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("new"), ns.get()); });
+  auto f = addAsync(*server, "new", ns.get());
   std::this_thread::sleep_for(50ms);
   ASSERT_TRUE(peer.ack());
   auto snapSent = peer.request();
@@ -525,7 +530,7 @@ TEST_F(ZdsServer, AddNeverWaitsForASnapshotCallbackThatNeedsTheCallersLock) {
   ASSERT_TRUE(newer.hello());
   ASSERT_TRUE(eventually([&] { return inCallback.load(); }));
   // The newest is preparing its snapshot: the add goes to the older one.
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   auto r = older.request();
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_TRUE(older.ack());
@@ -599,7 +604,7 @@ TEST_F(ZdsServer, SnapshotAckCallbackNeverBlocksAnAdd) {
   ASSERT_TRUE(peer.request().ok());  // snapshot's Add
   std::unique_lock held(agentLock);
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   ASSERT_TRUE(peer.ack());
   auto s = peer.request();
   ASSERT_TRUE(s.ok());
@@ -671,7 +676,7 @@ TEST_F(ZdsServer, MisbehavingPeerLosesItsConnectionOthersKeepServing) {
     SCOPED_TRACE(c.what);
     FakeZtunnel bad(path());
     ASSERT_TRUE(bad.handshake().ok());
-    auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+    auto f = addAsync(*server, "u1", ns.get());
     auto r = bad.request();
     ASSERT_TRUE(r.ok()) << r.error().message;
     c.answer(bad);
@@ -682,7 +687,7 @@ TEST_F(ZdsServer, MisbehavingPeerLosesItsConnectionOthersKeepServing) {
     EXPECT_TRUE(bad.closedByServer());
     ASSERT_TRUE(eventually([&] { return server->peers().size() == 1; }));
     // The good one serves the next add.
-    auto g = std::async(std::launch::async, [&] { return server->add(pod("u2"), ns.get()); });
+    auto g = addAsync(*server, "u2", ns.get());
     auto rg = good.request();
     ASSERT_TRUE(rg.ok()) << rg.error().message;
     EXPECT_EQ(rg->request.workload.uid, "u2");
@@ -703,7 +708,7 @@ TEST_F(ZdsServer, UnsolicitedMessageOnAnIdleConnectionDropsIt) {
   EXPECT_TRUE(chatty.closedByServer());
   ASSERT_TRUE(eventually([&] { return server->peers().size() == 1; }));
   Fd ns = podFd("pod");
-  auto f = std::async(std::launch::async, [&] { return server->add(pod("u1"), ns.get()); });
+  auto f = addAsync(*server, "u1", ns.get());
   ASSERT_TRUE(good.request().ok());
   ASSERT_TRUE(good.ack());
   EXPECT_TRUE(f.get().ok());
