@@ -19,6 +19,7 @@
 #include "userspace/agent/zds/client.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
+#include "userspace/standin/node_proxy.h"
 
 namespace sluice::zds {
 namespace {
@@ -253,6 +254,24 @@ TEST_F(ZdsClient, StartErrors) {
   auto zero = Client::start(o);
   ASSERT_FALSE(zero.ok());
   EXPECT_EQ(zero.error().message, "zds client: back-off must be positive and initial <= max");
+}
+
+// The defaults are ztunnel's: reconnect 20 ms doubling to 15 s, a failed
+// pod retried every 5 s, per-pod IPv6 detection and backlog 128.
+TEST(ZdsDefaults, AreZtunnels) {
+  ClientOptions c;
+  EXPECT_EQ(c.initialBackoff, 20ms);
+  EXPECT_EQ(c.maxBackoff, 15000ms);
+  EXPECT_EQ(c.writeTimeout, 5000ms);
+  NodeProxyConfig n;
+  EXPECT_EQ(n.initialBackoff, 20ms);
+  EXPECT_EQ(n.maxBackoff, 15000ms);
+  EXPECT_EQ(n.retryInterval, 5000ms);
+  EXPECT_TRUE(n.proxy.detectIpv6);
+  EXPECT_EQ(n.proxy.backlog, 128);
+  EXPECT_EQ(n.proxy.mark, 0x539u);
+  EXPECT_TRUE(n.proxy.reuseport);
+  EXPECT_TRUE(n.proxy.transparent);
 }
 
 // Both sides of the protocol as sluice builds them, end to end.
