@@ -150,6 +150,10 @@ Subprocess::~Subprocess() {
   }
 }
 
+void Subprocess::signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
 CommandResult Subprocess::wait(std::chrono::milliseconds timeout) {
   CommandResult r;
   if (pid_ <= 0) return r;
@@ -936,6 +940,16 @@ bool kernelAssignsReuseport() {
 StandInConfig testStandInConfig() {
   StandInConfig c;
   c.reuseport = kernelAssignsReuseport();
+  return c;
+}
+
+NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
+  NodeProxyConfig c;
+  c.zdsPath = zdsPath;
+  c.proxy.reuseport = kernelAssignsReuseport();
+  c.retryInterval = std::chrono::milliseconds(200);
+  c.initialBackoff = std::chrono::milliseconds(5);
+  c.maxBackoff = std::chrono::milliseconds(50);
   return c;
 }
 

@@ -36,6 +36,7 @@
 #include "loader/fd.h"
 #include "loader/result.h"
 #include "loader/tc.h"
+#include "userspace/standin/node_proxy.h"
 #include "userspace/standin/standin.h"
 
 namespace sluice::test {
@@ -70,6 +71,8 @@ class Subprocess {
 
   /// The child's pid (-1 once it was reaped).
   pid_t pid() const { return pid_; }
+  /// Sends @p sig to the child (while it runs).
+  void signal(int sig);
 
  private:
   Subprocess() = default;
@@ -431,6 +434,12 @@ bool kernelAssignsReuseport();
 /// assign such sockets: what every test whose stand-in receives redirected
 /// traffic starts from.
 StandInConfig testStandInConfig();
+
+/// The node proxy stand-in connecting to @p zdsPath with ztunnel's per-pod
+/// socket choices, SO_REUSEPORT only where the kernel can assign such
+/// sockets (as testStandInConfig()), and short retry / reconnect intervals
+/// (200 ms, 5..50 ms) so tests do not wait for the real 5 s / 15 s.
+NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath);
 
 /// "ipv4" / "ipv6", for test names.
 inline const char* familyName(int family) { return family == AF_INET ? "ipv4" : "ipv6"; }

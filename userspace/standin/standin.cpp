@@ -373,7 +373,9 @@ class Server {
   Server(const StandInConfig& config, EventLog& log, std::atomic<size_t>& connections)
       : config_(config), log_(log), connections_(connections) {}
 
-  Status open(int wakeFd);
+  /// Opens every socket: relay listeners on [::] when @p listenV6 (else
+  /// 0.0.0.0), DNS on 127.0.0.1 and, when @p dnsV6, on ::1.
+  Status open(int wakeFd, bool listenV6, bool dnsV6);
   void run();
 
   const StandInConfig& config() const { return config_; }
@@ -864,7 +866,7 @@ Status Server::openTcpListener(Kind kind, uint16_t port, int family, const SockA
     if (!st) spdlog::warn("standin: {}", st.error().message);
   }
   if (::bind(fd.get(), addr.raw(), addr.len) != 0) return Error::fromErrno(errno, what + ": bind");
-  if (::listen(fd.get(), 1024) != 0) return Error::fromErrno(errno, what + ": listen");
+  if (::listen(fd.get(), config_.backlog) != 0) return Error::fromErrno(errno, what + ": listen");
   auto listener = std::make_unique<TcpListener>(*this, kind, port, std::move(fd));
   auto* raw = listener.get();
   raw->registerWith(add(std::move(listener)));
@@ -901,7 +903,7 @@ Status Server::openDnsUdp(int family, const SockAddr& addr) {
   return {};
 }
 
-Status Server::open(int wakeFd) {
+Status Server::open(int wakeFd, bool listenV6, bool dnsV6) {
   if (::inet_pton(AF_INET, config_.dnsAnswerV4.c_str(), &answerV4_) != 1) {
     return Error::msg("invalid dnsAnswerV4 '" + config_.dnsAnswerV4 + "'", EINVAL);
   }
@@ -925,8 +927,8 @@ Status Server::open(int wakeFd) {
     return Error::fromErrno(errno, "epoll_ctl");
   }
 
-  int family = config_.ipv6 ? AF_INET6 : AF_INET;
-  SockAddr any = config_.ipv6 ? makeV6(in6addr_any, 0) : makeV4(in_addr{htonl(INADDR_ANY)}, 0);
+  int family = listenV6 ? AF_INET6 : AF_INET;
+  SockAddr any = listenV6 ? makeV6(in6addr_any, 0) : makeV4(in_addr{htonl(INADDR_ANY)}, 0);
   const std::array<std::pair<Kind, uint16_t>, 3> relayListeners = {
       {{Kind::Outbound, config_.outboundPort},
        {Kind::Inbound, config_.inboundPort},
@@ -939,12 +941,17 @@ Status Server::open(int wakeFd) {
   SockAddr lo4 = makeV4(in_addr{htonl(INADDR_LOOPBACK)}, config_.dnsPort);
   SLUICE_TRY(openDnsUdp(AF_INET, lo4));
   SLUICE_TRY(openTcpListener(Kind::DnsTcp, config_.dnsPort, AF_INET, lo4, false));
-  if (config_.ipv6) {
+  if (dnsV6) {
     SockAddr lo6 = makeV6(in6addr_loopback, config_.dnsPort);
     SLUICE_TRY(openDnsUdp(AF_INET6, lo6));
     SLUICE_TRY(openTcpListener(Kind::DnsTcp, config_.dnsPort, AF_INET6, lo6, false));
   }
   return {};
+}
+
+bool canBind(const SockAddr& addr) {
+  Fd probe(::socket(addr.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  return probe.valid() && ::bind(probe.get(), addr.raw(), addr.len) == 0;
 }
 
 bool Server::isOwnRelayListener(const SockAddr& target) const {
@@ -1075,9 +1082,22 @@ Result<std::unique_ptr<ProxyStandIn>> ProxyStandIn::start(const StandInConfig& c
         ready.set_value(Error::fromErrno(errno, "setns " + st->config.netnsPath));
         return;
       }
+    } else if (st->config.netnsFd >= 0) {
+      // The caller's fd stays valid until ready is set (start() waits).
+      if (::setns(st->config.netnsFd, CLONE_NEWNET) != 0) {
+        ready.set_value(Error::fromErrno(errno, "setns (netns fd " + std::to_string(st->config.netnsFd) + ")"));
+        return;
+      }
+    }
+    bool listenV6 = st->config.ipv6;
+    bool dnsV6 = st->config.ipv6;
+    if (st->config.detectIpv6) {
+      // ztunnel's test: can an IPv6 socket bind here at all, and on ::1?
+      listenV6 = canBind(makeV6(in6addr_any, 0));
+      dnsV6 = canBind(makeV6(in6addr_loopback, 0));
     }
     Server server(st->config, st->log, st->connections);
-    Status opened = server.open(st->wake.get());
+    Status opened = server.open(st->wake.get(), listenV6, dnsV6);
     bool ok = opened.ok();
     ready.set_value(std::move(opened));
     if (ok) server.run();
