@@ -953,4 +953,17 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
   return c;
 }
 
+std::string httpGetLoopback(uint16_t port, const std::string& path) {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "connect failed";
+  std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  if (::send(s.get(), req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return "send failed";
+  auto body = readSome(s.get(), 1 << 20);
+  return body.ok() ? *body : body.error().message;
+}
+
 }  // namespace sluice::test

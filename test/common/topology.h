@@ -204,6 +204,10 @@ Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chron
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
 
+/// An HTTP/1.0 GET of @p path from 127.0.0.1:@p port (in the caller's
+/// netns): the whole answer (status line, headers, body), or what failed.
+std::string httpGetLoopback(uint16_t port, const std::string& path);
+
 /// Local / remote address of a socket.
 Endpoint localOf(int fd);
 Endpoint peerOf(int fd);

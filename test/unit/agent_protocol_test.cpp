@@ -167,6 +167,11 @@ TEST(AgentOptions, DefaultsAndFlags) {
   EXPECT_EQ(f->logFormat, "json");
   EXPECT_EQ(f->agent.datapath.tcMode, TcMode::Legacy);
   EXPECT_EQ(f->agent.reconcileInterval, std::chrono::seconds(5));
+  EXPECT_TRUE(f->agent.ztunnelSocket.empty()) << "no hand-off unless asked for";
+  auto z = parseDaemonArgs({"--ztunnel-socket", "/var/run/ztunnel/ztunnel.sock", "--ztunnel-timeout-ms", "250"});
+  ASSERT_TRUE(z.ok()) << z.error().message;
+  EXPECT_EQ(z->agent.ztunnelSocket, "/var/run/ztunnel/ztunnel.sock");
+  EXPECT_EQ(z->agent.ztunnelTimeout, std::chrono::milliseconds(250));
   auto off = parseDaemonArgs({"--metrics-address", "off"});
   ASSERT_TRUE(off.ok());
   EXPECT_TRUE(off->agent.metricsAddress.empty());
@@ -186,6 +191,10 @@ TEST(AgentOptions, BadFlagsAreUsageErrors) {
       {{"--metrics-address", "127.0.0.1:99999"}, "--metrics-address: invalid port in '127.0.0.1:99999' (see sluiced --help)"},
       {{"--reconcile-interval", "-1"}, "invalid --reconcile-interval '-1' (expected whole seconds) (see sluiced --help)"},
       {{"--tc-mode", "x"}, "invalid --tc-mode 'x' (expected auto, tcx or legacy) (see sluiced --help)"},
+      {{"--ztunnel-socket", "ztunnel.sock"}, "--ztunnel-socket needs an absolute path (see sluiced --help)"},
+      {{"--ztunnel-socket", "/" + std::string(120, 'z')},
+       "--ztunnel-socket path is longer than 107 bytes (see sluiced --help)"},
+      {{"--ztunnel-timeout-ms", "0"}, "invalid --ztunnel-timeout-ms '0' (expected whole milliseconds > 0) (see sluiced --help)"},
   };
   for (const auto& c : cases) {
     auto r = parseDaemonArgs(c.args);

@@ -16,6 +16,7 @@
 #include "loader/fd.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"
+#include "userspace/agent/zds/server.h"
 
 namespace sluice::agent {
 
@@ -26,6 +27,11 @@ struct AgentOptions {
   std::string metricsAddress = "127.0.0.1:9464";
   /// Between reconciliation sweeps; 0 turns the periodic sweep off.
   std::chrono::milliseconds reconcileInterval = std::chrono::seconds(30);
+  /// The ZDS socket the node proxy (ztunnel) connects to; "" hands no pod
+  /// to a node proxy (standalone use, per-pod proxies).
+  std::string ztunnelSocket;
+  /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
+  std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -70,6 +76,11 @@ class Agent {
   void serveMetrics(int fd);
   void reconcileLoop();
   Health health();
+  /// ZDS: AddWorkload of an enrolled pod with its netns and the ack
+  /// (EnrollHook::apply); errors are retryable (EAGAIN).
+  Status handOff(const PodInfo& pod);
+  /// ZDS: the pods of a new connection's snapshot.
+  std::vector<zds::SnapshotEntry> snapshot();
 
   AgentOptions options_;
   std::unique_ptr<Datapath> dp_;
@@ -92,6 +103,8 @@ class Agent {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<uint64_t> reconciles_{0};
   std::string lastReconcileError_;  ///< under dpMu_
+
+  std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
 };
 
 }  // namespace sluice::agent

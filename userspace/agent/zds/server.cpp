@@ -267,6 +267,7 @@ void Server::Impl::serve(const std::shared_ptr<Conn>& conn) {
   }
   spdlog::info("zds: ztunnel connected (connection {}, pid {}, uid {}); {} connection(s)", conn->id, conn->cred.pid,
                conn->cred.uid, count);
+  if (options.onConnected) options.onConnected(Peer{conn->id, conn->cred.pid, conn->cred.uid, conn->cred.gid, false});
   if (!sendSnapshot(conn)) return;
   serveRequests(conn);
 }

@@ -30,6 +30,15 @@ struct SnapshotEntry {
   Fd netns;
 };
 
+/// A connected ztunnel (after its hello), from SO_PEERCRED.
+struct Peer {
+  uint64_t id;        ///< connection number, 1, 2, … in accept order
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  bool snapshotDone;  ///< SnapshotSent was acked
+};
+
 /// How the server listens and what it asks its owner.
 struct ServerOptions {
   /// Removes a stale socket file first (refuses to remove anything that is
@@ -43,20 +52,17 @@ struct ServerOptions {
   /// holding them is inside add()/del() (those never wait for a connection
   /// whose snapshot callback has not returned). Null: an empty snapshot.
   std::function<std::vector<SnapshotEntry>()> snapshot;
+  /// Called for each new connection after its hello, before its snapshot,
+  /// on that connection's thread with no lock of the server held: the agent
+  /// learns the node proxy's process (SO_PEERCRED) before the proxy gets any
+  /// pod to open sockets for. Null: nothing.
+  std::function<void(const Peer&)> onConnected;
   /// Called with every snapshot ack (error "" = success) so the agent can
   /// record hand-off state. Runs on the server's notifier thread, in ack
   /// order, never while add()/del() wait for it; may take the owner's locks.
   std::function<void(const std::string& uid, const std::string& error)> onSnapshotAck;
 };
 
-/// A connected ztunnel (after its hello), from SO_PEERCRED.
-struct Peer {
-  uint64_t id;        ///< connection number, 1, 2, … in accept order
-  pid_t pid;
-  uid_t uid;
-  gid_t gid;
-  bool snapshotDone;  ///< SnapshotSent was acked
-};
 
 /// The ZDS server. Thread-safe.
 class Server {
