@@ -5,6 +5,7 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <functional>
 #include <iomanip>
@@ -202,19 +203,24 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
     }
     return arr.dump(2) + "\n";
   }
-  std::ostringstream o;
-  o << std::left << std::setw(24) << "ID" << std::setw(8) << "MODE" << std::setw(5) << "DNS" << std::setw(9)
-    << "INBOUND" << std::setw(16) << "INTERFACES" << std::setw(32) << "NETNS" << std::setw(38) << "UID"
-    << std::setw(32) << "POD" << "HANDOFF\n";
+  // Columns as wide as their widest cell: netns paths and pod names vary.
+  std::vector<std::vector<std::string>> rows = {{"ID", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
-    std::string pod = p.identity.name.empty() ? "-" : p.identity.ns + "/" + p.identity.name;
     std::string handoff = handoffStateName(p.handoff);
     if (p.handoff == HandoffState::Failed) handoff += ": " + p.handoffError;
-    o << std::left << std::setw(24) << p.id << std::setw(8) << p.tcMode << std::setw(5) << (p.dnsCapture ? "on" : "off")
-      << std::setw(9) << (p.inboundCapture ? "on" : "off") << std::setw(16) << ifs << std::setw(32) << p.netnsPath
-      << std::setw(38) << (p.identity.uid.empty() ? "-" : p.identity.uid) << std::setw(32) << pod << handoff << "\n";
+    rows.push_back({p.id, p.tcMode, p.dnsCapture ? "on" : "off", p.inboundCapture ? "on" : "off", ifs,
+                    p.identity.name.empty() ? "-" : p.identity.ns + "/" + p.identity.name,
+                    p.identity.uid.empty() ? "-" : p.identity.uid, p.netnsPath, handoff});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); c++) width[c] = std::max(width[c], r[c].size());
+  std::ostringstream o;
+  for (const auto& r : rows) {
+    for (size_t c = 0; c + 1 < r.size(); c++) o << std::left << std::setw(static_cast<int>(width[c] + 2)) << r[c];
+    o << r.back() << "\n";
   }
   return o.str();
 }
