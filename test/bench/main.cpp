@@ -570,6 +570,14 @@ int main(int argc, char** argv) {
       res.cli = runCliBench(c.cliPods);
       settle("sluicectl");
     }
+    std::vector<std::string> modes;
+    if (c.hasCase(CaseKind::SluiceTcx)) modes.push_back("tcx");
+    if (c.hasCase(CaseKind::SluiceLegacy)) modes.push_back("legacy");
+    if (!modes.empty() && !gStop) {
+      std::cerr << "sluice-cni -> agent -> ZDS ack: " << c.enrollPods << " pods per mode\n";
+      res.handoff = runHandOffBench(c.enrollPods, modes);
+      settle("hand-off");
+    }
   }
   if (gStop) res.errors.push_back("interrupted");
   res.seconds = secondsSince(t0);
