@@ -20,6 +20,8 @@
 #include "loader/netlink.h"
 #include "loader/netns.h"
 #include "loader/pod_stats.h"
+#include "loader/sock_hooks.h"
+#include "loader/socket_capture.h"
 #include "loader/sysctl.h"
 
 namespace sluice {
@@ -59,10 +61,6 @@ sluice_pod_id podKey(const std::string& id) {
   sluice_pod_id k{};
   copyString(k.id, sizeof(k.id), id);
   return k;
-}
-
-PolicyRule returnRule(const Settings& s, int family) {
-  return PolicyRule{family, s.returnMark, s.markMask, SLUICE_RULE_PRIORITY, SLUICE_ROUTE_TABLE};
 }
 
 std::string acceptLocalSysctl(const std::string& ifname) { return "net/ipv4/conf/" + ifname + "/accept_local"; }
@@ -235,6 +233,7 @@ PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
   p.id = id;
   p.netnsPath = fromFixed(rec.netns_path, sizeof(rec.netns_path));
   p.netnsCookie = rec.netns_cookie;
+  p.capture = rec.capture == SLUICE_CAPTURE_SOCKET ? "socket" : "tc";
   p.tcMode = rec.tc_mode == SLUICE_TC_LEGACY ? "legacy" : "tcx";
   p.dnsCapture = rec.config.flags & SLUICE_POD_DNS_CAPTURE;
   p.inboundCapture = rec.config.flags & SLUICE_POD_INBOUND_CAPTURE;
@@ -354,6 +353,23 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
 
   TcMode mode = spec.tcMode.value_or(options_.tcMode);
   std::string pinDir = linkDir(id);
+  auto capture = resolveCapture(spec.capture.value_or(options_.capture));
+  SLUICE_TRY(capture);
+  const bool socketMode = *capture == CaptureMode::Socket;
+  rec.capture = socketMode ? SLUICE_CAPTURE_SOCKET : SLUICE_CAPTURE_TC;
+  rec.fwmark_accept_before = -1;
+  std::vector<sluice_pod_addr> sockAddrs;  // socket mode: the pod's addresses for pod_sock
+  if (socketMode && !programs_->pods.lookup(podKey(id))) {
+    // The node-wide hooks, once per node (a no-op when they are there).
+    auto cg = nodeCgroup();
+    SLUICE_TRY(cg);
+    SLUICE_TRY(ensureNodeHooks(options_.bpffsRoot, *cg, *programs_, false));
+    if (mode == TcMode::Auto) {
+      auto f = kernelFeatures();
+      SLUICE_TRY(f);
+      mode = f->autoTcMode();
+    }
+  }
   auto existing = programs_->pods.lookup(podKey(id));
   bool alreadyEnrolled = false;
   int podVethIfindex = 0, peerIfindex = 0;
@@ -441,6 +457,34 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
         if (rec.addr_count == SLUICE_MAX_POD_ADDRS) break;
         rec.addrs[rec.addr_count++] = a;
       }
+    }
+    if (socketMode) {
+      // The addresses the socket programs need: given, else found here.
+      if (rec.addr_count) {
+        sockAddrs.assign(rec.addrs, rec.addrs + rec.addr_count);
+      } else {
+        auto found = discoverPodAddrs();
+        SLUICE_TRY(found);
+        sockAddrs = *found;
+      }
+      // Only the virtual interfaces get a TC hook.
+      for (uint32_t r = 0; r < rec.config.reroute_count; r++) {
+        auto it = std::find_if(attachTo.begin(), attachTo.end(),
+                               [&](const LinkInfo& l) { return l.ifindex == static_cast<int>(rec.config.reroute_ifindex[r]); });
+        auto& slot = rec.ifaces[rec.iface_count++];
+        copyString(slot.name, sizeof(slot.name), it->name);
+        slot.ifindex = it->ifindex;
+        slot.accept_local_before = -1;
+      }
+      rec.tc_mode = mode == TcMode::Legacy ? SLUICE_TC_LEGACY : SLUICE_TC_TCX;
+      auto v6 = ipv6EnabledOnLink(*nl, rec.lo_ifindex);
+      SLUICE_TRY(v6);
+      if (::mkdir((options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR).c_str(), 0700) != 0 && errno != EEXIST)
+        return Error::fromErrno(errno, "mkdir " + options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR);
+      if (::mkdir(pinDir.c_str(), 0700) != 0 && errno != EEXIST) return Error::fromErrno(errno, "mkdir " + pinDir);
+      Status applied = applySteps(socketSteps(id, rec, *nl, ns->get(), *v6));
+      if (!applied.ok()) (void)removeTree(pinDir);
+      return applied;
     }
 
     Rollback undo;
@@ -556,6 +600,8 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   Status st = programs_->pods.update(podKey(id), rec, BPF_NOEXIST);
   if (st.ok()) st = programs_->podStats.update(rec.netns_cookie, zero);
   if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
+  // The socket programs act on the pod from here on.
+  if (st.ok() && socketMode) st = programs_->podSock.update(rec.netns_cookie, podSockValue(rec, sockAddrs));
   if (st.ok() && hook) {
     st = hook->apply(podInfoFromRecord(id, rec));
     handedOff = st.ok();
@@ -575,13 +621,45 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
     return st.error();
   }
   PodInfo info = podInfoFromRecord(id, rec);
-  spdlog::info("enrolled pod {} (netns {}, {}, {} interface(s), {})", id, spec.netnsPath, info.tcMode,
-               info.interfaces.size(), describeConfig(info));
+  if (socketMode)
+    spdlog::info("enrolled pod {} (netns {}, socket capture, {} virtual interface(s), {})", id, spec.netnsPath,
+                 info.interfaces.size(), describeConfig(info));
+  else
+    spdlog::info("enrolled pod {} (netns {}, {}, {} interface(s), {})", id, spec.netnsPath, info.tcMode,
+                 info.interfaces.size(), describeConfig(info));
   // Not an error: the proxy may not use SO_REUSEPORT. Said at enrolment,
   // because traffic would otherwise just vanish into a dropped handshake.
-  if (auto f = kernelFeatures(); f.ok() && !f->reuseportAssign.present) spdlog::warn("pod {}: {}", id, reuseportWarning(*f));
+  // The socket mode hands connections to reuseport listeners on any kernel.
+  if (auto f = kernelFeatures(); !socketMode && f.ok() && !f->reuseportAssign.present)
+    spdlog::warn("pod {}: {}", id, reuseportWarning(*f));
   return info;
 }
+
+std::vector<PodStep> Datapath::socketSteps(const std::string& id, sluice_pod_record& rec, NetlinkSocket& nl,
+                                           int netnsFd, bool ipv6) {
+  SocketPodContext c;
+  c.settings = &options_.settings;
+  c.programs = programs_.get();
+  c.nl = &nl;
+  c.rec = &rec;
+  c.netnsFd = netnsFd;
+  c.linkDir = linkDir(id);
+  c.ipv6 = ipv6;
+  return socketPodSteps(c);
+}
+
+Result<CaptureMode> Datapath::resolveCapture(CaptureMode requested) const {
+  if (requested == CaptureMode::Tc) return CaptureMode::Tc;
+  auto f = kernelFeatures();
+  SLUICE_TRY(f);
+  std::string why = socketUnavailableReason(*f);
+  if (why.empty() && !programs_->socketLoaded()) why = programs_->socketError();
+  if (requested == CaptureMode::Socket && !why.empty())
+    return Error::msg("socket capture unavailable: " + why + "; use --capture tc", ENOTSUP);
+  return why.empty() ? CaptureMode::Socket : CaptureMode::Tc;
+}
+
+Result<std::string> Datapath::nodeCgroup() const { return nodeHookCgroup(options_.cgroupPath); }
 
 Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
                              sluice_pod_record& rec) {
@@ -654,6 +732,15 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
     auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
     if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
   }
+  const bool socketMode = rec.capture == SLUICE_CAPTURE_SOCKET;
+  if (socketMode) {
+    if (!programs_->socketLoaded())
+      keep(Error::msg("pod " + id + " is captured at the socket, which this process cannot load: " +
+                          programs_->socketError(),
+                      ENOTSUP));
+    else
+      keep(programs_->podSock.erase(rec.netns_cookie));
+  }
   keep(programs_->podConfig.erase(rec.netns_cookie));
 
   std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
@@ -671,6 +758,10 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
       };
       auto nl = NetlinkSocket::open();
       SLUICE_TRY(nl);
+      if (socketMode) {
+        sluice_pod_record copy = rec;
+        return undoSteps(socketSteps(id, copy, *nl, ns->get(), rec.routes & SLUICE_ROUTES_V6));
+      }
       for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
         const auto& slot = rec.ifaces[i];
         if (rec.tc_mode == SLUICE_TC_LEGACY) {
@@ -933,6 +1024,7 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
 
   std::string dir = linkDir(id);
   std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  std::vector<sluice_pod_addr> sockAddrs;  // socket mode: the pod's addresses, for its pod_sock entry
   auto ns = openNetns(path);
   if (!ns.ok()) {
     if (ns.error().code != ENOENT) out.problems.push_back(ns.error().message);
@@ -955,6 +1047,35 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
         if (l.ifindex == ifindex) return &l;
       return nullptr;
     };
+    if (rec.capture == SLUICE_CAPTURE_SOCKET) {
+      if (rec.addr_count) {
+        sockAddrs.assign(rec.addrs, rec.addrs + rec.addr_count);
+      } else if (auto found = discoverPodAddrs(); found.ok()) {
+        sockAddrs = *found;
+      }
+      // The steps repair what they recorded in a copy: the registry keeps
+      // what the enrollment found (the sysctl's value before it).
+      sluice_pod_record copy = rec;
+      for (const auto& step : socketSteps(id, copy, *nl, ns->get(), rec.routes & SLUICE_ROUTES_V6)) {
+        auto in = step.inPlace();
+        if (!in.ok())
+          out.problems.push_back(step.what + ": " + in.error().message);
+        else if (!*in)
+          found(step.what + " is missing", step.apply);
+      }
+      // A virtual interface's hook runs this Datapath's program.
+      for (uint32_t i = 0; repair && i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
+        const auto& slot = rec.ifaces[i];
+        std::string pin = dir + "/" + fromFixed(slot.name, sizeof(slot.name)) + "_ingress";
+        uint32_t want = programId(programs_->ingressFd());
+        uint32_t have = legacy ? legacyProgramId(static_cast<int>(slot.ifindex), TcHook::Ingress) : tcxProgramId(pin);
+        if (!have || have == want) continue;
+        Status st = legacy ? replaceLegacyProgram(static_cast<int>(slot.ifindex), TcHook::Ingress, programs_->ingressFd())
+                           : updateTcx(pin, programs_->ingressFd());
+        if (st.ok()) out.programsReplaced++;
+      }
+      return {};
+    }
     for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++) {
       const auto& slot = rec.ifaces[i];
       std::string name = fromFixed(slot.name, sizeof(slot.name));
@@ -1037,6 +1158,15 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
   if (programs_->podStats.lookupPerCpu(rec.netns_cookie).empty())
     found(std::string("no entry in ") + SLUICE_PIN_POD_STATS,
           [&] { return programs_->podStats.update(rec.netns_cookie, sluice_pod_stats{}); });
+  if (rec.capture == SLUICE_CAPTURE_SOCKET && programs_->socketLoaded()) {
+    if (auto cg = nodeCgroup(); cg.ok())
+      for (auto& p : checkNodeHooks(options_.bpffsRoot, *cg, *programs_)) out.problems.push_back(p);
+    sluice_pod_sock want = podSockValue(rec, sockAddrs);
+    auto have = programs_->podSock.lookup(rec.netns_cookie);
+    if (!have || have->flags != want.flags || have->reroute_count != want.reroute_count)
+      found(std::string(have ? "wrong" : "no") + " entry in " + SLUICE_PIN_POD_SOCK,
+            [&] { return programs_->podSock.update(rec.netns_cookie, want); });
+  }
   return out;
 }
 
@@ -1058,6 +1188,28 @@ ReconcileReport Datapath::reconcile() {
   }
   auto keys = programs_->pods.keys();
   report.pods = keys.size();
+  // The socket mode's node hooks: re-made when missing, switched to this
+  // Datapath's programs in place (how a newer build takes over).
+  bool socketPods = std::any_of(keys.begin(), keys.end(), [&](const sluice_pod_id& k) {
+    auto r = programs_->pods.lookup(k);
+    return r && r->capture == SLUICE_CAPTURE_SOCKET;
+  });
+  if (programs_->socketLoaded() && (socketPods || nodeHooksPinned(options_.bpffsRoot))) {
+    auto cg = nodeCgroup();
+    auto done = cg.ok() ? ensureNodeHooks(options_.bpffsRoot, *cg, *programs_, true) : Result<NodeHooksReport>(cg.error());
+    if (!done.ok()) {
+      report.errors.push_back("socket mode node hooks: " + done.error().message);
+    } else {
+      report.programsReplaced += done->replaced;
+      if (done->attached) {
+        PodCheck node;
+        node.id = "(node)";
+        node.problems.push_back(std::to_string(done->attached) + " socket mode node hook(s) missing");
+        node.repaired = node.problems;
+        report.repaired.push_back(node);
+      }
+    }
+  }
   for (const auto& key : keys) {
     std::string id = fromFixed(key.id, sizeof(key.id));
     auto rec = programs_->pods.lookup(key);

@@ -11,12 +11,16 @@
 
 #include <sys/types.h>
 
+#include "loader/features.h"
 #include "loader/programs.h"
+#include "loader/pod_steps.h"
 #include "loader/result.h"
 #include "loader/tc.h"
 #include "maps/sluice_maps.h"
 
 namespace sluice {
+
+class NetlinkSocket;
 
 /// Global settings; defaults are the spec's (Istio's) values.
 struct Settings {
@@ -37,6 +41,12 @@ Result<sluice_settings> encodeSettings(const Settings& s);
 struct DatapathOptions {
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
   TcMode tcMode = TcMode::Auto;
+  /// Where pods are captured: at the socket or at TC (auto: the socket
+  /// where the kernel has its hooks).
+  CaptureMode capture = CaptureMode::Auto;
+  /// The cgroup v2 directory the socket mode's node hooks attach at; empty:
+  /// the root of the cgroup v2 hierarchy (every process of the node).
+  std::string cgroupPath;
   Settings settings;
 };
 
@@ -72,6 +82,8 @@ struct PodSpec {
   std::vector<std::string> ips;
   /// Attach mode for this pod; nullopt: the Datapath's (DatapathOptions).
   std::optional<TcMode> tcMode;
+  /// Capture mode for this pod; nullopt: the Datapath's (DatapathOptions).
+  std::optional<CaptureMode> capture;
   PodIdentity identity;
 };
 
@@ -85,10 +97,11 @@ struct PodInfo {
   std::string id;
   std::string netnsPath;
   uint64_t netnsCookie = 0;
-  std::string tcMode;  ///< "tcx" | "legacy"
+  std::string capture = "tc";  ///< "tc" | "socket"
+  std::string tcMode;  ///< "tcx" | "legacy" (socket mode: of its virtual interfaces' hooks)
   bool dnsCapture = true;
   bool inboundCapture = true;
-  std::vector<std::string> interfaces;     ///< attached (non-loopback)
+  std::vector<std::string> interfaces;     ///< with TC hooks (non-loopback; socket mode: virtual interfaces)
   std::vector<std::string> rerouteIfaces;  ///< by name
   bool ipv6Routes = false;
   uint64_t enrolledAtNs = 0;
@@ -225,6 +238,14 @@ class Datapath {
   /// Counters of one pod (id) or all.
   Result<std::vector<PodCounters>> stats(const std::optional<std::string>& id);
 
+  /// The capture a pod spec asking for @p requested gets here: socket or
+  /// tc (auto resolved by the kernel's features and the loaded programs);
+  /// ENOTSUP naming why when the socket mode is asked for and unavailable.
+  Result<CaptureMode> resolveCapture(CaptureMode requested) const;
+  /// The cgroup the node hooks attach at (DatapathOptions::cgroupPath or
+  /// the cgroup v2 root).
+  Result<std::string> nodeCgroup() const;
+
   const DatapathOptions& options() const { return options_; }
   PodPrograms& programs() { return *programs_; }
 
@@ -240,6 +261,10 @@ class Datapath {
   /// attaches the probe SNAT programs; registers the pod's addresses.
   Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
                      sluice_pod_record& rec);
+  /// The socket mode's steps of a pod (loader/socket_capture.h), for a
+  /// thread in its netns.
+  std::vector<PodStep> socketSteps(const std::string& id, sluice_pod_record& rec, NetlinkSocket& nl, int netnsFd,
+                                   bool ipv6);
 
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;

@@ -8,6 +8,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <thread>
 
+#include "loader/cgroup.h"
 #include "loader/fd.h"
 
 namespace sluice {
@@ -90,7 +92,66 @@ void probeTcx(FeatureReport& r) {
   t.join();
 }
 
+// Loads a two-instruction program (r0 = 1; exit), or with @p ctxRead a
+// 4-byte read of the context at that offset first: the verifier refuses a
+// context field or an attach type the kernel does not have.
+int probeProgram(enum bpf_prog_type type, enum bpf_attach_type attach, int ctxRead) {
+  struct bpf_insn insns[3];
+  int n = 0;
+  if (ctxRead >= 0)
+    insns[n++] = {.code = BPF_LDX | BPF_MEM | BPF_W, .dst_reg = BPF_REG_2, .src_reg = BPF_REG_1,
+                  .off = static_cast<__s16>(ctxRead), .imm = 0};
+  insns[n++] = {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 0, .imm = 1};
+  insns[n++] = {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0};
+  LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = attach);
+  int fd = bpf_prog_load(type, "sluice_probe", "Dual BSD/GPL", insns, n, &opts);
+  if (fd < 0) return -errno;
+  ::close(fd);
+  return 0;
+}
+
+// The socket mode's newest needs, probed for real: sk_lookup programs
+// reading the packet's interface (5.17), sock_ops programs knowing their
+// netns (5.15), getpeername hooks (5.8), getsockopt hooks (5.3), socket
+// storage in sock_addr programs. The rest is older.
+Feature probeSocketHooks() {
+  if (probeProgram(BPF_PROG_TYPE_SK_LOOKUP, BPF_SK_LOOKUP, offsetof(struct bpf_sk_lookup, ingress_ifindex)) != 0)
+    return no("program probe: sk_lookup programs cannot read ingress_ifindex (Linux 5.17+)");
+  if (libbpf_probe_bpf_helper(BPF_PROG_TYPE_SOCK_OPS, BPF_FUNC_get_netns_cookie, nullptr) != 1)
+    return no("helper probe: sock_ops programs cannot call bpf_get_netns_cookie (Linux 5.15+)");
+  if (probeProgram(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_CGROUP_INET4_GETPEERNAME, -1) != 0)
+    return no("program probe: no getpeername hooks (Linux 5.8+)");
+  if (probeProgram(BPF_PROG_TYPE_CGROUP_SOCKOPT, BPF_CGROUP_GETSOCKOPT, -1) != 0)
+    return no("program probe: no getsockopt hooks (Linux 5.3+)");
+  if (libbpf_probe_bpf_helper(BPF_PROG_TYPE_CGROUP_SOCK_ADDR, BPF_FUNC_sk_storage_get, nullptr) != 1)
+    return no("helper probe: sock_addr programs cannot use socket storage");
+  return yes("program and helper probes: sk_lookup with ingress_ifindex, sock_ops netns cookie, getpeername and "
+             "getsockopt hooks, socket storage in sock_addr programs");
+}
+
 }  // namespace
+
+const char* captureModeName(CaptureMode m) {
+  switch (m) {
+    case CaptureMode::Auto: return "auto";
+    case CaptureMode::Tc: return "tc";
+    case CaptureMode::Socket: return "socket";
+  }
+  return "?";
+}
+
+Result<CaptureMode> parseCaptureMode(const std::string& s) {
+  if (s == "auto") return CaptureMode::Auto;
+  if (s == "tc") return CaptureMode::Tc;
+  if (s == "socket") return CaptureMode::Socket;
+  return Error::msg("invalid --capture '" + s + "' (expected auto, tc or socket)", EINVAL);
+}
+
+std::string socketUnavailableReason(const FeatureReport& r) {
+  if (!r.cgroup2.present) return "no cgroup v2 hierarchy is mounted (the socket hooks attach to one): " + r.cgroup2.how;
+  if (!r.socketHooks.present) return "kernel " + r.release + " lacks the socket hooks: " + r.socketHooks.how;
+  return "";
+}
 
 Result<KernelVersion> KernelVersion::parse(const std::string& release) {
   KernelVersion v;
@@ -173,7 +234,8 @@ std::string reuseportWarning(const FeatureReport& r) {
 }
 
 std::string summarizeFeatures(const FeatureReport& r) {
-  return "kernel " + r.release + ": attach " + (r.tcx.present ? "tcx links" : "clsact + cls_bpf (no tcx)") +
+  return "kernel " + r.release + ": capture " + (r.socketCapable() ? "at the socket" : "at TC (no socket hooks)") +
+         "; attach " + (r.tcx.present ? "tcx links" : "clsact + cls_bpf (no tcx)") +
          "; pod cookie via " + podCookieMethodName(r.cookieMethod) + "; SO_REUSEPORT proxies " +
          (r.reuseportAssign.present ? "supported" : "NOT supported (Linux 6.6+)");
 }
@@ -209,6 +271,9 @@ Result<FeatureReport> probeKernelFeatures() {
   // backport reads as "no").
   r.reuseportAssign = r.version.atLeast(6, 6) ? yes("kernel 6.6 or later")
                                                 : no("kernel before 6.6: bpf_sk_assign answers -ESOCKTNOSUPPORT");
+  auto cg = cgroup2Mount();
+  r.cgroup2 = cg.ok() ? yes("cgroup2 mounted at " + *cg) : no(cg.error().message);
+  r.socketHooks = probeSocketHooks();
   const char* forced = std::getenv("SLUICE_POD_COOKIE");
   SLUICE_TRY(choosePodCookieMethod(r, forced ? forced : ""));
   return r;

@@ -1,6 +1,7 @@
 // What the running kernel offers sluice, probed once at start-up: the
-// attach path (tcx or clsact), how the pod programs find their pod, and
-// whether a SO_REUSEPORT proxy can be handed packets. The report is plain
+// capture mode (at the socket or at TC), the attach path (tcx or clsact),
+// how the pod programs find their pod, and whether the TC mode can hand
+// packets to a SO_REUSEPORT proxy. The report is plain
 // data so that the decisions and messages built on it are unit-tested with
 // made-up kernels.
 #pragma once
@@ -42,6 +43,17 @@ const char* podCookieMethodName(PodCookieMethod m);
 /// Inverse of podCookieMethodName for "kfunc" and "probe-read".
 Result<PodCookieMethod> parsePodCookieMethod(const std::string& s);
 
+/// Where a pod's traffic is captured.
+enum class CaptureMode {
+  Auto,    ///< socket where the kernel has every hook it needs, else tc
+  Tc,      ///< programs at the TC hooks of the pod's interfaces
+  Socket,  ///< cgroup socket hooks of the node + sk_lookup in the pod's netns
+};
+/// "auto" | "tc" | "socket".
+const char* captureModeName(CaptureMode m);
+/// Inverse of captureModeName; the error names --capture.
+Result<CaptureMode> parseCaptureMode(const std::string& s);
+
 /// One probed feature: whether the kernel has it and how that was decided
 /// (which probe answered what, or which version rule applied).
 struct Feature {
@@ -61,11 +73,17 @@ struct FeatureReport {
   Feature tcx;                  ///< BPF_TCX_* links (6.6)
   Feature tcxLinkUpdate;        ///< bpf_link_update on a tcx link (atomic program replacement)
   Feature reuseportAssign;      ///< bpf_sk_assign of SO_REUSEPORT sockets (6.6)
+  Feature cgroup2;              ///< a cgroup v2 hierarchy (the socket mode's hooks attach there)
+  Feature socketHooks;          ///< the socket mode's hooks (sk_lookup with its ingress interface: 5.17)
   PodCookieMethod cookieMethod = PodCookieMethod::None;
   std::string cookieMethodHow;  ///< why that method (including an override)
 
   /// The attach mode `--tc-mode auto` resolves to on this kernel.
   TcMode autoTcMode() const { return tcx.present ? TcMode::Tcx : TcMode::Legacy; }
+  /// Whether the kernel has what the socket mode needs.
+  bool socketCapable() const { return cgroup2.present && socketHooks.present; }
+  /// The capture `--capture auto` resolves to on this kernel.
+  CaptureMode autoCapture() const { return socketCapable() ? CaptureMode::Socket : CaptureMode::Tc; }
 };
 
 /// Probes the running kernel: uname, BTF, helper probes (libbpf), a tcx
@@ -91,11 +109,16 @@ Status choosePodCookieMethod(FeatureReport& r, const std::string& override);
 /// sluice needs it for (code ENOTSUP).
 Status checkMinimumFeatures(const FeatureReport& r);
 
-/// The warning for `pod add` on a kernel that cannot assign SO_REUSEPORT
-/// sockets; empty when it can.
+/// The warning for a TC-mode `pod add` on a kernel that cannot assign
+/// SO_REUSEPORT sockets; empty when it can.
 std::string reuseportWarning(const FeatureReport& r);
 
-/// One line for the log: kernel, attach path, pod-cookie method, reuseport.
+/// Why the socket mode cannot run here (the first missing piece), "" when
+/// it can; code ENOTSUP.
+std::string socketUnavailableReason(const FeatureReport& r);
+
+/// One line for the log: kernel, capture, attach path, pod-cookie method,
+/// reuseport.
 std::string summarizeFeatures(const FeatureReport& r);
 
 }  // namespace sluice

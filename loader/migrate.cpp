@@ -46,6 +46,16 @@ static_assert(sizeof(PodRecordV1) == 992, "pods layout 1 as v0.1.0 pinned it");
 static_assert(offsetof(sluice_pod_record, identity) == sizeof(PodRecordV1),
               "layout 2 of pods extends layout 1 at its end");
 
+// `pods` layout 2: layout 1 plus the identity and the hand-off, all TC.
+struct PodRecordV2 {
+  PodRecordV1 v1;
+  sluice_pod_identity identity;
+  sluice_pod_handoff handoff;
+};
+static_assert(sizeof(PodRecordV2) == 1760, "pods layout 2");
+static_assert(offsetof(sluice_pod_record, capture) == sizeof(PodRecordV2),
+              "layout 3 of pods extends layout 2 at its end");
+
 // Copies every entry of an old map into a new one through @p convert; an
 // entry already in the new map (a resumed migration) is kept.
 template <typename K, typename OldV, typename NewV, typename Convert>
@@ -64,22 +74,35 @@ Status copyEntries(int oldFd, const BpfMap<K, NewV>& into, Convert convert, size
   return {};
 }
 
-Status migratePodsFrom1(int oldFd, PodPrograms& p, size_t& copied) {
+// Every older `pods` layout is a prefix of the current one: the record is
+// copied and what it lacks is what those builds did (identity and hand-off
+// none, TC capture, no sysctl of the socket mode touched).
+template <typename Old>
+Status migratePodsPrefix(int oldFd, PodPrograms& p, uint32_t from, size_t& copied) {
   struct bpf_map_info info = {};
   __u32 len = sizeof(info);
   if (bpf_obj_get_info_by_fd(oldFd, &info, &len) != 0) return Error::fromErrno(errno, "read the old pods map");
-  if (info.value_size != sizeof(PodRecordV1) || info.key_size != sizeof(sluice_pod_id))
-    return Error::msg("old pods map has value size " + std::to_string(info.value_size) + ", layout 1 has " +
-                          std::to_string(sizeof(PodRecordV1)),
+  if (info.value_size != sizeof(Old) || info.key_size != sizeof(sluice_pod_id))
+    return Error::msg("old pods map has value size " + std::to_string(info.value_size) + ", layout " +
+                          std::to_string(from) + " has " + std::to_string(sizeof(Old)),
                       EPROTO);
-  return copyEntries<sluice_pod_id, PodRecordV1>(
+  return copyEntries<sluice_pod_id, Old>(
       oldFd, p.pods,
-      [](const PodRecordV1& old) {
+      [](const Old& old) {
         sluice_pod_record rec{};
-        std::memcpy(&rec, &old, sizeof(old));  // layout 2 appends identity and hand-off (none)
+        std::memcpy(&rec, &old, sizeof(old));
+        rec.capture = SLUICE_CAPTURE_TC;
+        rec.fwmark_accept_before = -1;
         return rec;
       },
       copied);
+}
+
+Status migratePodsFrom1(int oldFd, PodPrograms& p, size_t& copied) {
+  return migratePodsPrefix<PodRecordV1>(oldFd, p, 1, copied);
+}
+Status migratePodsFrom2(int oldFd, PodPrograms& p, size_t& copied) {
+  return migratePodsPrefix<PodRecordV2>(oldFd, p, 2, copied);
 }
 
 using MigrateFn = Status (*)(int oldFd, PodPrograms& p, size_t& copied);
@@ -90,6 +113,7 @@ struct Migrator {
 };
 const Migrator kMigrators[] = {
     {SLUICE_PIN_PODS, 1, migratePodsFrom1},
+    {SLUICE_PIN_PODS, 2, migratePodsFrom2},
 };
 
 const Migrator* migratorFor(const std::string& name, uint32_t from) {
@@ -178,11 +202,15 @@ const std::vector<MapLayout>& mapLayouts() {
       {SLUICE_PIN_SNAT_FWD, SLUICE_LAYOUT_SNAT_FWD},   {SLUICE_PIN_SNAT_REV, SLUICE_LAYOUT_SNAT_REV},
       {SLUICE_PIN_SNAT_CLOSED, SLUICE_LAYOUT_SNAT_CLOSED}, {SLUICE_PIN_LAYOUTS, SLUICE_LAYOUT_LAYOUTS},
       {SLUICE_PIN_PROXY_IDENTITY, SLUICE_LAYOUT_PROXY_IDENTITY}, {SLUICE_PIN_PROXY_CGROUPS, SLUICE_LAYOUT_PROXY_CGROUPS},
+      {SLUICE_PIN_POD_SOCK, SLUICE_LAYOUT_POD_SOCK},   {SLUICE_PIN_SOCK_ORIG, SLUICE_LAYOUT_SOCK_ORIG},
+      {SLUICE_PIN_ORIG_DST, SLUICE_LAYOUT_ORIG_DST},   {SLUICE_PIN_SOCK_LISTENERS, SLUICE_LAYOUT_SOCK_LISTENERS},
+      {SLUICE_PIN_SK_LOOKUP_POD, SLUICE_LAYOUT_SK_LOOKUP_POD}, {SLUICE_PIN_SK_LOOKUP_PROG, SLUICE_LAYOUT_SK_LOOKUP_PROG},
+      {SLUICE_PIN_PROXY_CONNS, SLUICE_LAYOUT_PROXY_CONNS},
   };
   return v;
 }
 
-Result<Migration> Migration::plan(const std::string& root, const struct bpf_object* obj) {
+Result<Migration> Migration::plan(const std::string& root, const std::vector<const struct bpf_object*>& objs) {
   Migration m;
   m.root_ = root;
   auto layouts = readLayouts(root);
@@ -190,7 +218,9 @@ Result<Migration> Migration::plan(const std::string& root, const struct bpf_obje
   auto aside = asidePins(root);
   for (const auto& want : mapLayouts()) {
     std::string name = want.name;
-    const struct bpf_map* def = bpf_object__find_map_by_name(obj, want.name);
+    const struct bpf_map* def = nullptr;
+    for (const auto* obj : objs)
+      if (!def) def = bpf_object__find_map_by_name(obj, want.name);
     if (!def) return Error::msg("BPF object has no map '" + name + "' (build error: maps/ and bpf/ disagree)", EINVAL);
     if (auto a = aside.find(name); a != aside.end()) {
       // An interrupted migration: its old map is still set aside.

@@ -39,11 +39,12 @@ struct PinnedLayout {
 /// StateLock held, on an opened (not yet loaded) object.
 class Migration {
  public:
-  /// Compares the pins under @p root with the maps of @p obj and this
-  /// build's layouts. Errors (EPROTO), nothing changed: a map pinned with a
-  /// newer layout, or an older one this build has no migration from, or a
-  /// pin whose definition differs from this build's at the same version.
-  static Result<Migration> plan(const std::string& root, const struct bpf_object* obj);
+  /// Compares the pins under @p root with the maps of @p objs (every map of
+  /// mapLayouts() is defined by one of them) and this build's layouts.
+  /// Errors (EPROTO), nothing changed: a map pinned with a newer layout, or
+  /// an older one this build has no migration from, or a pin whose
+  /// definition differs from this build's at the same version.
+  static Result<Migration> plan(const std::string& root, const std::vector<const struct bpf_object*>& objs);
 
   /// Maps whose pins will be migrated ("pods 1 -> 2"), for the log.
   std::vector<std::string> describe() const;

@@ -9,6 +9,8 @@
 #include "host_tc.skel.h"
 #include "loader/migrate.h"
 #include "pod_tc.skel.h"
+#include "pod_sock.skel.h"
+#include "pod_sock_compat.skel.h"
 #include "pod_tc_compat.skel.h"
 
 namespace sluice {
@@ -52,12 +54,7 @@ void routeLibbpfLogging() {
 }
 
 template <typename Skel>
-Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*), const std::string& root) {
-  // Before libbpf reuses the pins: pins of other layouts would make it
-  // refuse them (or worse, a same-sized other layout would be misread).
-  auto migration = Migration::plan(root, skel->obj);
-  SLUICE_TRY(migration);
-  SLUICE_TRY(migration->prepare());
+Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   if (int err = loadFn(skel); err != 0) {
     if (err == -EPERM || errno == EPERM)
       return Error::fromErrno(EPERM, "load BPF programs (needs root: CAP_BPF, CAP_NET_ADMIN)");
@@ -80,7 +77,28 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*), const std::string&
   SLUICE_TRY(bindMap(m.layouts, layouts));
   SLUICE_TRY(bindMap(m.proxy_identity, proxyIdentity));
   SLUICE_TRY(bindMap(m.proxy_cgroups, proxyCgroups));
-  return migration->complete(*this);
+  return {};
+}
+
+template <typename Skel>
+Status PodPrograms::loadSocket(Skel* skel, int (*loadFn)(Skel*)) {
+  if (int err = loadFn(skel); err != 0)
+    return Error::fromErrno(err, "the kernel refused the socket programs (--log-level debug shows the verifier log)");
+  auto& pr = skel->progs;
+  socketProgs_ = SocketPrograms{
+      bpf_program__fd(pr.pod_connect4),     bpf_program__fd(pr.pod_connect6),    bpf_program__fd(pr.pod_sendmsg4),
+      bpf_program__fd(pr.pod_sendmsg6),     bpf_program__fd(pr.pod_recvmsg4),    bpf_program__fd(pr.pod_recvmsg6),
+      bpf_program__fd(pr.pod_getpeername4), bpf_program__fd(pr.pod_getpeername6), bpf_program__fd(pr.pod_getsockopt),
+      bpf_program__fd(pr.pod_sockops),      bpf_program__fd(pr.pod_skb_ingress), bpf_program__fd(pr.pod_skb_egress),
+      bpf_program__fd(pr.pod_sk_lookup),
+  };
+  auto& m = skel->maps;
+  SLUICE_TRY(bindMap(m.pod_sock, podSock));
+  SLUICE_TRY(bindMap(m.sock_listeners, sockListeners));
+  SLUICE_TRY(bindMap(m.orig_dst, origDst));
+  SLUICE_TRY(bindMap(m.sk_lookup_pod, skLookupPod));
+  SLUICE_TRY(bindMap(m.sk_lookup_prog, skLookupProg));
+  return {};
 }
 
 Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) {
@@ -93,18 +111,46 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   std::unique_ptr<PodPrograms> p(new PodPrograms());
   p->cookieMethod_ = features->cookieMethod;
   LIBBPF_OPTS(bpf_object_open_opts, opts, .pin_root_path = root.c_str());
-  // Two objects from one source (bpf/pod_tc_compat.bpf.c): only the one
-  // this kernel can load is opened, so the fast path stays as it is.
-  if (p->cookieMethod_ == PodCookieMethod::KernCtx) {
+  // Two objects from one source each (bpf/pod_tc_compat.bpf.c,
+  // bpf/pod_sock_compat.bpf.c): only the ones this kernel can load are
+  // opened, so the fast path stays as it is.
+  const bool kfunc = p->cookieMethod_ == PodCookieMethod::KernCtx;
+  std::vector<const struct bpf_object*> objs;
+  if (kfunc) {
     p->skel_ = pod_tc__open_opts(&opts);
     if (!p->skel_) return Error::fromErrno(errno, "open BPF object pod_tc");
-    SLUICE_TRY(p->loadPod(p->skel_, pod_tc__load, root));
+    p->sock_ = pod_sock__open_opts(&opts);
+    if (!p->sock_) return Error::fromErrno(errno, "open BPF object pod_sock");
+    objs = {p->skel_->obj, p->sock_->obj};
   } else {
     p->compat_ = pod_tc_compat__open_opts(&opts);
     if (!p->compat_) return Error::fromErrno(errno, "open BPF object pod_tc_compat");
-    SLUICE_TRY(p->loadPod(p->compat_, pod_tc_compat__load, root));
+    p->sockCompat_ = pod_sock_compat__open_opts(&opts);
+    if (!p->sockCompat_) return Error::fromErrno(errno, "open BPF object pod_sock_compat");
+    objs = {p->compat_->obj, p->sockCompat_->obj};
   }
-  // The node programs second: their maps are the pod programs' (pinned by
+  // Before libbpf reuses the pins: pins of other layouts would make it
+  // refuse them (or worse, a same-sized other layout would be misread).
+  auto migration = Migration::plan(root, objs);
+  SLUICE_TRY(migration);
+  SLUICE_TRY(migration->prepare());
+  if (kfunc)
+    SLUICE_TRY(p->loadPod(p->skel_, pod_tc__load));
+  else
+    SLUICE_TRY(p->loadPod(p->compat_, pod_tc_compat__load));
+  // The socket programs second, reusing the pod programs' maps by pin.
+  Status sock = kfunc ? p->loadSocket(p->sock_, pod_sock__load) : p->loadSocket(p->sockCompat_, pod_sock_compat__load);
+  if (!sock.ok()) {
+    p->socketError_ = sock.error().message;
+    spdlog::info("socket mode unavailable: {}", p->socketError_);
+    if (p->sock_) pod_sock__destroy(p->sock_);
+    if (p->sockCompat_) pod_sock_compat__destroy(p->sockCompat_);
+    p->sock_ = nullptr;
+    p->sockCompat_ = nullptr;
+    p->socketProgs_ = {};
+  }
+  SLUICE_TRY(migration->complete(*p));
+  // The node programs last: their maps are the pod programs' (pinned by
   // name under the same root, so libbpf reuses them).
   p->host_ = host_tc__open_opts(&opts);
   if (!p->host_) return Error::fromErrno(errno, "open BPF object host_tc");
@@ -115,6 +161,8 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
 
 PodPrograms::~PodPrograms() {
   if (host_) host_tc__destroy(host_);
+  if (sock_) pod_sock__destroy(sock_);
+  if (sockCompat_) pod_sock_compat__destroy(sockCompat_);
   if (skel_) pod_tc__destroy(skel_);
   if (compat_) pod_tc_compat__destroy(compat_);
 }

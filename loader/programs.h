@@ -1,5 +1,6 @@
-// The loaded BPF object: programs and maps of bpf/pod_tc.bpf.c, with the
-// maps pinned under the bpffs root (reused when already pinned).
+// The loaded BPF objects: programs and maps of bpf/pod_tc.bpf.c (TC mode),
+// bpf/pod_sock.bpf.c (socket mode) and bpf/host_tc.bpf.c (node side), with
+// the maps pinned under the bpffs root (reused when already pinned).
 #pragma once
 
 #include <memory>
@@ -12,14 +13,29 @@
 
 struct pod_tc;   // generated skeletons
 struct pod_tc_compat;
+struct pod_sock;
+struct pod_sock_compat;
 struct host_tc;
 
 namespace sluice {
 
-/// Owns the skeletons of the pod programs (bpf/pod_tc.bpf.c) and the node
-/// programs (bpf/host_tc.bpf.c): programs loaded into the kernel, maps
-/// created or reused from pins under the bpffs root, so both objects share
-/// them. Typed maps, never names as strings.
+/// The socket mode's programs (bpf/pod_sock.bpf.c), as fds the skeleton owns.
+struct SocketPrograms {
+  int connect4 = -1, connect6 = -1;
+  int sendmsg4 = -1, sendmsg6 = -1;
+  int recvmsg4 = -1, recvmsg6 = -1;
+  int getpeername4 = -1, getpeername6 = -1;
+  int getsockopt = -1;
+  int sockops = -1;
+  int skbIngress = -1, skbEgress = -1;
+  int skLookup = -1;  ///< the shared program the pods' own sk_lookup programs tail-call
+};
+
+/// Owns the skeletons of the pod programs (bpf/pod_tc.bpf.c), the socket
+/// programs (bpf/pod_sock.bpf.c) and the node programs (bpf/host_tc.bpf.c):
+/// programs loaded into the kernel, maps created or reused from pins under
+/// the bpffs root, so the objects share them. Typed maps, never names as
+/// strings.
 class PodPrograms {
  public:
   /// Opens and loads the programs; maps are pinned by name under `root`
@@ -28,7 +44,9 @@ class PodPrograms {
   /// minimum gets an error naming what it lacks, and the pod programs are
   /// the variant of the report's pod-cookie method. Pins of older layouts
   /// are migrated (loader/migrate.h); a layout this build cannot read is
-  /// an error and leaves the pins as they are.
+  /// an error and leaves the pins as they are. A kernel that refuses the
+  /// socket programs is no error: socketLoaded() is false, socketError()
+  /// says why, and only the TC mode is available.
   static Result<std::unique_ptr<PodPrograms>> load(const std::string& root);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
@@ -41,6 +59,12 @@ class PodPrograms {
   int hostIngressFd() const;
   /// How the loaded pod programs find the pod of a packet.
   PodCookieMethod cookieMethod() const { return cookieMethod_; }
+
+  /// Whether the socket mode's programs are loaded.
+  bool socketLoaded() const { return sock_ != nullptr || sockCompat_ != nullptr; }
+  /// Why they are not ("" when they are).
+  const std::string& socketError() const { return socketError_; }
+  const SocketPrograms& socketPrograms() const { return socketProgs_; }
 
   BpfMap<__u32, sluice_settings> settings;
   BpfMap<__u64, sluice_pod_config> podConfig;
@@ -55,12 +79,22 @@ class PodPrograms {
   BpfMap<sluice_layout_key, sluice_layout_value> layouts;
   BpfMap<__u32, sluice_proxy_identity> proxyIdentity;
   BpfMap<__u64, sluice_proxy_cgroup> proxyCgroups;
+  // Socket mode (bound when socketLoaded()).
+  BpfMap<__u64, sluice_pod_sock> podSock;
+  BpfMap<sluice_listener_key, __u64> sockListeners;  ///< SOCKHASH: values are sockets
+  BpfMap<sluice_orig_key, sluice_sock_orig> origDst;
+  BpfMap<__u32, sluice_lookup_pod> skLookupPod;  ///< per-CPU
+  BpfMap<__u32, __u32> skLookupProg;             ///< program array: values are program fds
 
  private:
   PodPrograms() = default;
   /// Loads the opened pod object (either variant) and binds its maps.
   template <typename Skel>
-  Status loadPod(Skel* skel, int (*loadFn)(Skel*), const std::string& root);
+  Status loadPod(Skel* skel, int (*loadFn)(Skel*));
+  /// Loads the opened socket object (either variant) and binds its maps;
+  /// an error only records why the socket mode is unavailable.
+  template <typename Skel>
+  Status loadSocket(Skel* skel, int (*loadFn)(Skel*));
 
   PodCookieMethod cookieMethod_ = PodCookieMethod::None;
   int egressFd_ = -1;  // owned by the skeleton
@@ -68,7 +102,11 @@ class PodPrograms {
   int loEgressFd_ = -1;
   struct pod_tc* skel_ = nullptr;
   struct pod_tc_compat* compat_ = nullptr;
+  struct pod_sock* sock_ = nullptr;
+  struct pod_sock_compat* sockCompat_ = nullptr;
   struct host_tc* host_ = nullptr;
+  SocketPrograms socketProgs_;
+  std::string socketError_;
 };
 
 /// Routes libbpf's own log into spdlog, one level lower than libbpf's

@@ -145,6 +145,15 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_PIN_LAYOUTS "layouts"
 #define SLUICE_PIN_PROXY_IDENTITY "proxy_identity"
 #define SLUICE_PIN_PROXY_CGROUPS "proxy_cgroups"
+#define SLUICE_PIN_POD_SOCK "pod_sock"
+#define SLUICE_PIN_SOCK_ORIG "sock_orig"
+#define SLUICE_PIN_ORIG_DST "orig_dst"
+#define SLUICE_PIN_SOCK_LISTENERS "sock_listeners"
+#define SLUICE_PIN_SK_LOOKUP_POD "sk_lookup_pod"
+#define SLUICE_PIN_SK_LOOKUP_PROG "sk_lookup_prog"
+#define SLUICE_PIN_PROXY_CONNS "proxy_conns"
+/* The socket mode's node-wide cgroup links: node_links/<hook>. */
+#define SLUICE_PIN_NODE_LINKS_DIR "node_links"
 
 /*
  * Layout versions of the pinned maps. `layouts` (pinned hash: map name ->
@@ -162,7 +171,7 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_LAYOUT_DNS_NAT 1
 #define SLUICE_LAYOUT_SOCK_VERDICT 1
 #define SLUICE_LAYOUT_POD_LISTENERS 1
-#define SLUICE_LAYOUT_PODS 2 /* 2: identity and hand-off state */
+#define SLUICE_LAYOUT_PODS 3 /* 2: identity and hand-off state; 3: capture mode */
 #define SLUICE_LAYOUT_POD_ADDRS 1
 #define SLUICE_LAYOUT_SNAT_FWD 1
 #define SLUICE_LAYOUT_SNAT_REV 1
@@ -170,6 +179,13 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_LAYOUT_LAYOUTS 1
 #define SLUICE_LAYOUT_PROXY_IDENTITY 1
 #define SLUICE_LAYOUT_PROXY_CGROUPS 1
+#define SLUICE_LAYOUT_POD_SOCK 1
+#define SLUICE_LAYOUT_SOCK_ORIG 1
+#define SLUICE_LAYOUT_ORIG_DST 1
+#define SLUICE_LAYOUT_SOCK_LISTENERS 1
+#define SLUICE_LAYOUT_SK_LOOKUP_POD 1
+#define SLUICE_LAYOUT_SK_LOOKUP_PROG 1
+#define SLUICE_LAYOUT_PROXY_CONNS 1
 
 struct sluice_layout_key {
 	char name[16]; /* the map's name (= its pin name), NUL-padded */
@@ -294,6 +310,113 @@ struct sluice_snat_value {
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_snat_value) == 32, "sluice_snat_value layout");
 
+/*
+ * ---- The socket mode (capture at the socket instead of at TC). ----
+ *
+ * Outbound: cgroup connect4/6 programs, attached once per node at a cgroup
+ * v2, rewrite the destination of a connect() in an enrolled pod to the
+ * proxy's outbound listener at the pod's own address (over lo, the pod's
+ * address as source); the original destination is kept on the app's socket
+ * (sock_orig) for its getpeername() and, keyed by the app's address and
+ * port (orig_dst), for the proxy's SO_ORIGINAL_DST (cgroup getsockopt).
+ * DNS (UDP and TCP to port 53): connect4/6 and sendmsg4/6 send it to the
+ * DNS listener on loopback, recvmsg4/6 and getpeername give the answer the
+ * resolver's address back. Inbound: an sk_lookup program in the pod's netns
+ * hands new connections to the proxy's inbound listener (sock_listeners,
+ * filled by a sock_ops program when the proxy listens).
+ */
+
+/* How a pod's traffic is captured (struct sluice_pod_record.capture). */
+enum sluice_capture {
+	SLUICE_CAPTURE_TC = 0,     /* TC programs on the pod's interfaces (every record before layout 3) */
+	SLUICE_CAPTURE_SOCKET = 1, /* the node's cgroup socket hooks + sk_lookup in the pod's netns */
+};
+
+/* The pod's addresses the socket programs need: the source of a captured
+ * connection (its first address of the family) and what "the pod itself"
+ * is (rule 5: a pod calling its own address is not captured). */
+#define SLUICE_SOCK_POD_ADDRS 4
+
+/* Per-pod settings of the socket mode (`pod_sock`, keyed by netns cookie).
+ * Absent: the socket programs leave the netns alone. */
+struct sluice_pod_sock {
+	__u32 flags; /* SLUICE_POD_*, as in pod_config */
+	__u8 v4_count;
+	__u8 v6_count;
+	__u16 pad;
+	__u32 reroute_count; /* virtual interfaces: their TC hook decides (not sk_lookup) */
+	__u32 reroute_ifindex[SLUICE_MAX_REROUTE_IFACES];
+	__be32 v4[SLUICE_SOCK_POD_ADDRS];
+	__u8 v6[SLUICE_SOCK_POD_ADDRS][16];
+	__u32 pad2;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_sock) == 128, "sluice_pod_sock layout");
+
+/* What the socket programs did with a socket (sluice_sock_orig.kind). */
+enum sluice_sock_kind {
+	SLUICE_SOCK_NONE = 0,
+	SLUICE_SOCK_OUTBOUND = 1, /* an app's connection sent to the outbound listener */
+	SLUICE_SOCK_DNS = 2,      /* an app's DNS socket sent to the DNS listener */
+	SLUICE_SOCK_ACCEPTED = 3, /* the proxy's accepted socket: its SO_ORIGINAL_DST */
+};
+
+/*
+ * An original destination: family AF_INET with the address in the first 4
+ * bytes (IPv4, and IPv4-mapped IPv6 as an app on a dual-stack socket gives
+ * it: such an app gets it back v4-mapped), or AF_INET6.
+ */
+struct sluice_sock_orig {
+	__u8 addr[16];
+	__be16 port;
+	__u8 family;
+	__u8 kind; /* enum sluice_sock_kind */
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_sock_orig) == 24, "sluice_sock_orig layout");
+
+/* `orig_dst` (LRU): an outbound connection from its connect() until the
+ * proxy asked for its SO_ORIGINAL_DST, keyed by the app's end as the
+ * proxy's accepted socket sees its peer (v4-mapped as AF_INET). */
+struct sluice_orig_key {
+	__u64 netns_cookie;
+	__u8 addr[16];
+	__be16 port;
+	__u8 family;
+	__u8 pad[5];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_orig_key) == 32, "sluice_orig_key layout");
+#define SLUICE_ORIG_DST_ENTRIES 65536
+
+/*
+ * `proxy_conns` (LRU): the proxy's own connections to its pod's apps with a
+ * foreign source (rule 4: the client's address, IP_TRANSPARENT), filed by
+ * the sock_ops program when they leave. Their SYN reaches the socket lookup
+ * over lo with nothing to tell it from a client's (for local traffic the
+ * kernel reports the address's device as the ingress interface), so the
+ * sk_lookup program looks the tuple up here to leave it alone.
+ */
+struct sluice_conn_key {
+	__u64 netns_cookie;
+	__u8 saddr[16]; /* v4 (and v4-mapped) in the first 4 bytes */
+	__u8 daddr[16];
+	__be16 sport;
+	__be16 dport;
+	__u8 family; /* AF_INET for IPv4 and v4-mapped */
+	__u8 pad[3];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_conn_key) == 48, "sluice_conn_key layout");
+#define SLUICE_PROXY_CONN_ENTRIES 16384
+
+/* `sk_lookup_pod` (per-CPU array, one entry): the pod whose netns the
+ * running sk_lookup program serves. sk_lookup programs cannot learn their
+ * netns, so each pod's netns gets a tiny program of its own (made by the
+ * loader) that writes its pod's cookie here and tail-calls the shared
+ * program in `sk_lookup_prog` (a one-slot program array). */
+struct sluice_lookup_pod {
+	__u64 netns_cookie;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_lookup_pod) == 8, "sluice_lookup_pod layout");
+
 /* Attach mode recorded per pod. */
 enum sluice_tc_mode {
 	SLUICE_TC_TCX = 1,
@@ -356,8 +479,9 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_handoff) == 144, "sluice_pod_hando
  * what `pod remove` needs to undo an enrollment, even from another process.
  * Not read by BPF; a map so that it lives and dies with the rest of the
  * pinned state and can be read with bpftool.
- * Layout version 2 (SLUICE_LAYOUT_PODS): version 1 (v0.1.0) ended at addrs,
- * without identity and handoff; loader/migrate.cpp converts it.
+ * Layout version 3 (SLUICE_LAYOUT_PODS): version 1 (v0.1.0) ended at addrs,
+ * without identity and handoff, version 2 at handoff, without the capture
+ * mode (both TC); loader/migrate.cpp converts them.
  */
 struct sluice_pod_record {
 	char netns_path[SLUICE_NETNS_PATH_LEN];
@@ -380,9 +504,12 @@ struct sluice_pod_record {
 	/* Since layout 2. */
 	struct sluice_pod_identity identity;
 	struct sluice_pod_handoff handoff;
+	/* Since layout 3. */
+	__u32 capture;              /* enum sluice_capture */
+	__s32 fwmark_accept_before; /* socket mode: net.ipv4.tcp_fwmark_accept to restore, -1: untouched */
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_record) ==
-			     192 + 24 + 16 + 256 + 104 + 192 + 8 + 32 + 8 + 160 + 624 + 144,
+			     192 + 24 + 16 + 256 + 104 + 192 + 8 + 32 + 8 + 160 + 624 + 144 + 8,
 		     "sluice_pod_record layout");
 
 #endif /* SLUICE_MAPS_H */

@@ -1,0 +1,736 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * The socket mode: the redirection contract (../shared/spec/redirection.md,
+ * rules 1-9) at the socket layer instead of the TC hooks.
+ *
+ *   app connect(D) ──▶ pod_connect4/6 (cgroup, node-wide): D kept on the
+ *        socket, destination rewritten to the pod's own address :15001
+ *        ──lo──▶ proxy's outbound listener; its SO_ORIGINAL_DST ──▶
+ *        pod_getsockopt (D, found by the app's address and port, recorded
+ *        by pod_sockops when the connection left); the app's getpeername
+ *        ──▶ pod_getpeername4/6 (D)
+ *   app DNS to R:53 ──▶ connect/sendmsg: to the DNS listener on loopback;
+ *        answers and getpeername ──▶ R:53 (pod_recvmsg4/6, getpeername)
+ *   SYN from outside ──▶ pod_sk_lookup (the pod's netns): the proxy's
+ *        inbound listener (sock_listeners, filled by pod_sockops on listen)
+ *   the proxy's spoofed connection to an app (rule 4): pod_skb_ingress
+ *        gives its SYN the return mark, which the app's accepted socket
+ *        keeps (tcp_fwmark_accept): replies are routed back locally
+ *   raw sockets of the pod: TCP they build is dropped (pod_skb_egress)
+ *
+ * Every program but pod_sk_lookup runs for every socket of the cgroup it
+ * is attached to (the node's); the netns cookie selects the pod's settings
+ * (pod_sock), so a socket outside an enrolled pod costs one hash lookup.
+ */
+#include <linux/bpf.h>
+#include <linux/in.h>
+#include <linux/in6.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+#include <bpf/bpf_core_read.h>
+
+#include "lib/sock_maps.h"
+#include "lib/sock_addr.h"
+#include "lib/pod.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+#ifndef SOCK_STREAM
+#define SOCK_STREAM 1
+#define SOCK_DGRAM 2
+#define SOCK_RAW 3
+#endif
+#ifndef IPPROTO_MPTCP
+#define IPPROTO_MPTCP 262
+#endif
+#define SLUICE_SOL_IP 0
+#define SLUICE_SOL_IPV6 41
+#define SLUICE_SO_ORIGINAL_DST 80 /* = IP6T_SO_ORIGINAL_DST */
+#define SLUICE_LOOPBACK_IFINDEX 1  /* lo is ifindex 1 in every netns */
+
+/* The settings and the pod of a sock_addr program's socket. */
+struct sctx {
+	const struct sluice_settings *cfg;
+	const struct sluice_pod_sock *pod;
+	__u64 cookie;
+};
+
+static __always_inline int sctx_init(struct sctx *c, void *ctx)
+{
+	c->cfg = settings_get();
+	if (!c->cfg)
+		return 0;
+	c->cookie = bpf_get_netns_cookie(ctx);
+	c->pod = bpf_map_lookup_elem(&pod_sock, &c->cookie);
+	return c->pod != 0;
+}
+
+/* With the proxy's identity known, is this cgroup (v2 id) one of its? */
+static __always_inline int cgroup_is_proxy(__u64 cg)
+{
+	__u32 zero = 0;
+	const struct sluice_proxy_identity *id = bpf_map_lookup_elem(&proxy_identity, &zero);
+
+	if (!id || !id->cgroup_check)
+		return 1;
+	return cg && bpf_map_lookup_elem(&proxy_cgroups, &cg) != 0;
+}
+
+/* Rule 5: a socket of the proxy — its mark, and once the proxy's cgroups
+ * are known, set by a process in one of them (the caller of connect/sendmsg
+ * is the socket's user). */
+static __always_inline int sock_is_proxy(const struct sluice_settings *cfg, const struct bpf_sock *sk)
+{
+	if ((sk->mark & cfg->mark_mask) != cfg->proxy_mark)
+		return 0;
+	return cgroup_is_proxy(bpf_get_current_cgroup_id());
+}
+
+/* Where a captured socket goes: @p port on the address the socket is bound
+ * to when that is the pod's own, else the pod's first address of the
+ * destination's family (so its source is the pod's address), else loopback. */
+static __always_inline void capture_target(const struct sctx *c, const struct bpf_sock *sk, __u8 family, __u32 *to)
+{
+	struct sa_addr bound;
+
+	sa_read_bound(sk, &bound);
+	if (bound.family == family && !sa_is_any(&bound) && !sa_is_loopback(&bound)) {
+		__builtin_memcpy(to, bound.a, 16);
+		return;
+	}
+	if (!pod_addr(c->pod, family, to))
+		sa_set_loopback(to, family);
+}
+
+/*
+ * Rules 2 and 3 at connect() (and sendmsg()): to the DNS listener, which is
+ * bound to loopback. An unbound socket is bound to the pod's address first,
+ * so the listener sees the pod as its client, as with Istio's REDIRECT.
+ */
+static __always_inline int dns_to_listener(struct bpf_sock_addr *ctx, const struct sctx *c, const struct sa_addr *d,
+					   int bind, const int v6)
+{
+	struct sluice_sock_orig *o = bpf_sk_storage_get(&sock_orig, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	struct sa_addr bound;
+	__u32 lo[4], self[4];
+
+	/* Without the record the answer could not be given the resolver's
+	 * address back: refuse rather than confuse the app. */
+	if (!o)
+		return 0;
+	orig_set(o, d, SLUICE_SOCK_DNS);
+	sa_read_bound(ctx->sk, &bound);
+	if (bind && sa_is_any(&bound) && pod_addr(c->pod, d->family, self)) {
+		if (!v6) {
+			struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = self[0] };
+
+			bpf_bind(ctx, (struct sockaddr *)&sin, sizeof(sin));
+		} else {
+			struct sockaddr_in6 sin6 = { .sin6_family = AF_INET6 };
+
+			if (d->family == AF_INET) {
+				sin6.sin6_addr.in6_u.u6_addr32[2] = bpf_htonl(0xffff);
+				sin6.sin6_addr.in6_u.u6_addr32[3] = self[0];
+			} else {
+				__builtin_memcpy(&sin6.sin6_addr, self, 16);
+			}
+			bpf_bind(ctx, (struct sockaddr *)&sin6, sizeof(sin6));
+		}
+	}
+	sa_set_loopback(lo, d->family);
+	sa_write_user(ctx, lo, d->family, bpf_htons(c->cfg->dns_port), v6);
+	return 1;
+}
+
+static __always_inline int pod_connect(struct bpf_sock_addr *ctx, const int v6)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sluice_sock_orig *o;
+	struct sa_addr d, bound;
+	struct sctx c;
+	__u32 type = ctx->type, proto = ctx->protocol;
+	__u32 to[4];
+
+	if (!sk || (type != SOCK_STREAM && type != SOCK_DGRAM))
+		return 1;
+	if (!sctx_init(&c, ctx) || sock_is_proxy(c.cfg, sk))
+		return 1;
+	sa_read_user(ctx, &d, v6);
+	/* Rule 5: the destination is this pod (loopback, the wildcard address
+	 * that Linux reads as "this host", the pod's own address) or the probe
+	 * address. */
+	if (sa_is_any(&d) || sa_is_loopback(&d))
+		return 1;
+
+	if (type == SOCK_DGRAM) {
+		/* Rule 3; other UDP is not touched (rule 5). */
+		if (proto != IPPROTO_UDP || d.port != bpf_htons(53) || !(c.pod->flags & SLUICE_POD_DNS_CAPTURE) ||
+		    pod_owns(c.pod, &d))
+			return 1;
+		if (!dns_to_listener(ctx, &c, &d, 1, v6))
+			return 0;
+		SLUICE_COUNT(c.cookie, dns_udp_queries);
+		return 1;
+	}
+	/* TCP; MPTCP starts as TCP and the proxy's listener takes it as TCP. */
+	if (proto != IPPROTO_TCP && proto != IPPROTO_MPTCP)
+		return 1;
+	if (pod_owns(c.pod, &d) || sa_is_probe(c.cfg, &d))
+		return 1;
+	/* A socket bound to loopback cannot reach another host: nothing to
+	 * capture, the kernel answers as it would. */
+	sa_read_bound(sk, &bound);
+	if (sa_is_loopback(&bound))
+		return 1;
+	if (d.port == bpf_htons(53) && (c.pod->flags & SLUICE_POD_DNS_CAPTURE)) {
+		if (!dns_to_listener(ctx, &c, &d, 1, v6))
+			return 0;
+		SLUICE_COUNT(c.cookie, dns_tcp_conns); /* rule 2 */
+		return 1;
+	}
+
+	/* Rule 1. The original destination goes on the socket; pod_sockops
+	 * files it under the app's address and port once the kernel chose
+	 * them, for the proxy's SO_ORIGINAL_DST. No record, no capture: the
+	 * connect() fails (EPERM) rather than reaching the proxy unexplained. */
+	o = bpf_sk_storage_get(&sock_orig, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!o)
+		return 0;
+	orig_set(o, &d, SLUICE_SOCK_OUTBOUND);
+	capture_target(&c, sk, d.family, to);
+	sa_write_user(ctx, to, d.family, bpf_htons(c.cfg->outbound_port), v6);
+	SLUICE_COUNT(c.cookie, outbound_conns);
+	return 1;
+}
+
+SEC("cgroup/connect4")
+int pod_connect4(struct bpf_sock_addr *ctx)
+{
+	return pod_connect(ctx, 0);
+}
+
+SEC("cgroup/connect6")
+int pod_connect6(struct bpf_sock_addr *ctx)
+{
+	return pod_connect(ctx, 1);
+}
+
+/* Rule 3 for unconnected UDP sockets (sendto): to the DNS listener, from
+ * the pod's address when the socket is not bound. */
+static __always_inline int pod_sendmsg(struct bpf_sock_addr *ctx, const int v6)
+{
+	struct bpf_sock *sk = ctx->sk;
+	struct sa_addr d;
+	struct sctx c;
+	__u32 self[4];
+
+	if (!sk || ctx->type != SOCK_DGRAM)
+		return 1;
+	if (!sctx_init(&c, ctx) || !(c.pod->flags & SLUICE_POD_DNS_CAPTURE) || sock_is_proxy(c.cfg, sk))
+		return 1;
+	sa_read_user(ctx, &d, v6);
+	if (d.port != bpf_htons(53) || sa_is_any(&d) || sa_is_loopback(&d) || pod_owns(c.pod, &d))
+		return 1;
+	if (!dns_to_listener(ctx, &c, &d, 0, v6))
+		return 0;
+	if (pod_addr(c.pod, d.family, self)) {
+		if (!v6) {
+			if (ctx->msg_src_ip4 == 0)
+				sa_store(ctx->msg_src_ip4, self[0]);
+		} else if ((ctx->msg_src_ip6[0] | ctx->msg_src_ip6[1] | ctx->msg_src_ip6[2] | ctx->msg_src_ip6[3]) == 0 &&
+			   d.family == AF_INET6) {
+			sa_store(ctx->msg_src_ip6[0], self[0]);
+			sa_store(ctx->msg_src_ip6[1], self[1]);
+			sa_store(ctx->msg_src_ip6[2], self[2]);
+			sa_store(ctx->msg_src_ip6[3], self[3]);
+		}
+	}
+	SLUICE_COUNT(c.cookie, dns_udp_queries);
+	return 1;
+}
+
+SEC("cgroup/sendmsg4")
+int pod_sendmsg4(struct bpf_sock_addr *ctx)
+{
+	return pod_sendmsg(ctx, 0);
+}
+
+SEC("cgroup/sendmsg6")
+int pod_sendmsg6(struct bpf_sock_addr *ctx)
+{
+	return pod_sendmsg(ctx, 1);
+}
+
+/* The original destination of a socket the programs sent to a listener,
+ * while it is still connected there; 0 otherwise. */
+static __always_inline struct sluice_sock_orig *captured(struct bpf_sock_addr *ctx, const struct sluice_settings *cfg,
+							 const struct sa_addr *now)
+{
+	struct sluice_sock_orig *o = bpf_sk_storage_get(&sock_orig, ctx->sk, 0, 0);
+
+	if (!o)
+		return 0;
+	if (o->kind == SLUICE_SOCK_DNS)
+		return now->port == bpf_htons(cfg->dns_port) && sa_is_loopback(now) ? o : 0;
+	if (o->kind == SLUICE_SOCK_OUTBOUND)
+		return now->port == bpf_htons(cfg->outbound_port) ? o : 0;
+	return 0;
+}
+
+/* Rules 1-3: the app sees its real peer. */
+static __always_inline int pod_getpeername(struct bpf_sock_addr *ctx, const int v6)
+{
+	const struct sluice_settings *cfg = settings_get();
+	struct sluice_sock_orig *o;
+	struct sa_addr now;
+	__u32 a[4];
+
+	if (!cfg || !ctx->sk)
+		return 1;
+	sa_read_user(ctx, &now, v6);
+	o = captured(ctx, cfg, &now);
+	if (!o)
+		return 1;
+	__builtin_memcpy(a, o->addr, 16);
+	sa_write_user(ctx, a, o->family, o->port, v6);
+	return 1;
+}
+
+SEC("cgroup/getpeername4")
+int pod_getpeername4(struct bpf_sock_addr *ctx)
+{
+	return pod_getpeername(ctx, 0);
+}
+
+SEC("cgroup/getpeername6")
+int pod_getpeername6(struct bpf_sock_addr *ctx)
+{
+	return pod_getpeername(ctx, 1);
+}
+
+/* Rules 2 and 3, the answer: it comes from the resolver the app asked. */
+static __always_inline int pod_recvmsg(struct bpf_sock_addr *ctx, const int v6)
+{
+	const struct sluice_settings *cfg = settings_get();
+	struct sluice_sock_orig *o;
+	struct sa_addr from;
+	__u64 cookie;
+	__u32 a[4];
+
+	if (!cfg || !ctx->sk)
+		return 1;
+	sa_read_user(ctx, &from, v6);
+	o = captured(ctx, cfg, &from);
+	if (!o || o->kind != SLUICE_SOCK_DNS)
+		return 1;
+	__builtin_memcpy(a, o->addr, 16);
+	sa_write_user(ctx, a, o->family, o->port, v6);
+	cookie = bpf_get_netns_cookie(ctx);
+	SLUICE_COUNT(cookie, dns_answers);
+	return 1;
+}
+
+SEC("cgroup/recvmsg4")
+int pod_recvmsg4(struct bpf_sock_addr *ctx)
+{
+	return pod_recvmsg(ctx, 0);
+}
+
+SEC("cgroup/recvmsg6")
+int pod_recvmsg6(struct bpf_sock_addr *ctx)
+{
+	return pod_recvmsg(ctx, 1);
+}
+
+/*
+ * Rule 1, the proxy's side: SO_ORIGINAL_DST on a socket its outbound
+ * listener accepted, as Istio's REDIRECT answers it (ztunnel asks it before
+ * falling back to the local address). The kernel's own answer came first
+ * (no NAT: an error); the program replaces it. The entry filed by the app's
+ * address moves onto the accepted socket at the first ask.
+ */
+SEC("cgroup/getsockopt")
+int pod_getsockopt(struct bpf_sockopt *ctx)
+{
+	const struct sluice_settings *cfg;
+	struct sluice_sock_orig *o, *filed;
+	struct sluice_orig_key k;
+	struct bpf_sock *sk;
+	struct sa_addr peer;
+	__u8 *p;
+
+	if (ctx->optname != SLUICE_SO_ORIGINAL_DST || (ctx->level != SLUICE_SOL_IP && ctx->level != SLUICE_SOL_IPV6))
+		return 1;
+	sk = ctx->sk;
+	cfg = settings_get();
+	if (!sk || !cfg || sk->protocol != IPPROTO_TCP || sk->src_port != cfg->outbound_port)
+		return 1;
+	o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
+	if (!o || o->kind != SLUICE_SOCK_ACCEPTED) {
+		sa_read_peer(sk, &peer);
+		__builtin_memset(&k, 0, sizeof(k));
+		k.netns_cookie = bpf_get_netns_cookie(ctx);
+		__builtin_memcpy(k.addr, peer.a, 16);
+		k.port = peer.port;
+		k.family = peer.family;
+		filed = bpf_map_lookup_elem(&orig_dst, &k);
+		if (!filed)
+			return 1; /* not captured here: the kernel's answer stands */
+		o = bpf_sk_storage_get(&sock_orig, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+		if (o) {
+			*o = *filed;
+			o->kind = SLUICE_SOCK_ACCEPTED;
+			bpf_map_delete_elem(&orig_dst, &k);
+		} else {
+			o = filed;
+		}
+	}
+	p = ctx->optval;
+	if (ctx->level == SLUICE_SOL_IP && o->family == AF_INET) {
+		struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = o->port };
+
+		__builtin_memcpy(&sin.sin_addr, o->addr, 4);
+		if (p + sizeof(sin) > (__u8 *)ctx->optval_end)
+			return 1;
+		__builtin_memcpy(p, &sin, sizeof(sin));
+		ctx->optlen = sizeof(sin);
+	} else if (ctx->level == SLUICE_SOL_IPV6 && o->family == AF_INET6) {
+		struct sockaddr_in6 sin6 = { .sin6_family = AF_INET6, .sin6_port = o->port };
+
+		__builtin_memcpy(&sin6.sin6_addr, o->addr, 16);
+		if (p + sizeof(sin6) > (__u8 *)ctx->optval_end)
+			return 1;
+		__builtin_memcpy(p, &sin6, sizeof(sin6));
+		ctx->optlen = sizeof(sin6);
+	} else {
+		return 1; /* the other family's option: the kernel's answer stands */
+	}
+	/* optlen and retval are adjacent: two stores, not a merged 8-byte one
+	 * the verifier refuses. */
+	asm volatile("" ::: "memory");
+	ctx->retval = 0;
+	return 1;
+}
+
+/* The cgroup (v2) of the current task, through the kernel's structures:
+ * sock_ops programs may not call bpf_get_current_cgroup_id before Linux
+ * 6.x. CO-RE reads (bpf_probe_read_kernel, root). */
+struct kernfs_node___sluice {
+	__u64 id;
+} __attribute__((preserve_access_index));
+struct cgroup___sluice {
+	struct kernfs_node___sluice *kn;
+} __attribute__((preserve_access_index));
+struct css_set___sluice {
+	struct cgroup___sluice *dfl_cgrp;
+} __attribute__((preserve_access_index));
+struct task_struct___sluice {
+	struct css_set___sluice *cgroups;
+} __attribute__((preserve_access_index));
+
+static __always_inline __u64 task_cgroup_id(void)
+{
+	struct task_struct___sluice *t = (void *)bpf_get_current_task();
+
+	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
+}
+
+/* Rule 4: the proxy connects to one of its pod's apps from a foreign
+ * address (the client's): file the connection for pod_sk_lookup, which
+ * would otherwise take its SYN for a client's. */
+static __always_inline void file_proxy_conn(struct bpf_sock_ops *ops, struct bpf_sock *sk)
+{
+	const struct sluice_settings *cfg = settings_get();
+	const struct sluice_pod_sock *pod;
+	struct sluice_conn_key k;
+	struct sa_addr self, peer;
+	__u32 one = 1;
+
+	if (!cfg || (sk->mark & cfg->mark_mask) != cfg->proxy_mark)
+		return;
+	__builtin_memset(&k, 0, sizeof(k));
+	k.netns_cookie = bpf_get_netns_cookie(ops);
+	pod = bpf_map_lookup_elem(&pod_sock, &k.netns_cookie);
+	if (!pod)
+		return;
+	sa_read_bound(sk, &self);
+	sa_read_peer(sk, &peer);
+	if (!pod_owns(pod, &peer) || pod_owns(pod, &self) || sa_is_loopback(&self))
+		return;
+	if (!cgroup_is_proxy(task_cgroup_id()))
+		return;
+	__builtin_memcpy(k.saddr, self.a, 16);
+	__builtin_memcpy(k.daddr, peer.a, 16);
+	k.sport = bpf_htons((__u16)ops->local_port);
+	k.dport = peer.port;
+	k.family = self.family;
+	bpf_map_update_elem(&proxy_conns, &k, &one, BPF_ANY);
+}
+
+/* A connection is leaving (its port is known now). One captured at
+ * connect(): file the original destination under the app's address and
+ * port, where the proxy's accepted socket will find it as its peer. */
+static __always_inline int sockops_connect(struct bpf_sock_ops *ops)
+{
+	struct bpf_sock *sk = ops->sk;
+	struct sluice_sock_orig *o;
+	struct sluice_orig_key k;
+	struct sa_addr self;
+
+	if (!sk)
+		return 1;
+	o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
+	if (!o) {
+		file_proxy_conn(ops, sk);
+		return 1;
+	}
+	if (o->kind != SLUICE_SOCK_OUTBOUND)
+		return 1;
+	sa_read_bound(sk, &self);
+	__builtin_memset(&k, 0, sizeof(k));
+	k.netns_cookie = bpf_get_netns_cookie(ops);
+	__builtin_memcpy(k.addr, self.a, 16);
+	k.port = bpf_htons((__u16)ops->local_port);
+	k.family = self.family;
+	bpf_map_update_elem(&orig_dst, &k, o, BPF_ANY);
+	return 1;
+}
+
+/* The proxy starts listening on its inbound port: keep the socket for
+ * pod_sk_lookup. Only the proxy's sockets, by its mark (and its
+ * cgroups when known). Listeners in netns that are not enrolled (yet) are
+ * kept too: the proxy may listen before its pod is enrolled. */
+static __always_inline int sockops_listen(struct bpf_sock_ops *ops)
+{
+	const struct sluice_settings *cfg = settings_get();
+	struct bpf_sock *sk = ops->sk;
+	struct sluice_listener_key k;
+	__u32 port = ops->local_port;
+
+	if (!cfg || !sk || port != cfg->inbound_port)
+		return 1;
+	if ((sk->mark & cfg->mark_mask) != cfg->proxy_mark || !cgroup_is_proxy(task_cgroup_id()))
+		return 1;
+	__builtin_memset(&k, 0, sizeof(k));
+	k.netns_cookie = bpf_get_netns_cookie(ops);
+	k.port = port;
+	k.family = ops->family;
+	bpf_sock_hash_update(ops, &sock_listeners, &k, BPF_ANY);
+	return 1;
+}
+
+SEC("sockops")
+int pod_sockops(struct bpf_sock_ops *ops)
+{
+	switch (ops->op) {
+	case BPF_SOCK_OPS_TCP_CONNECT_CB:
+		return sockops_connect(ops);
+	case BPF_SOCK_OPS_TCP_LISTEN_CB:
+		return sockops_listen(ops);
+	}
+	return 1;
+}
+
+/* Whether the packet belongs to a connection the proxy opened to one of its
+ * apps (proxy_conns). */
+static __always_inline int is_proxy_conn(struct bpf_sk_lookup *ctx, __u64 cookie, const struct sa_addr *remote)
+{
+	struct sluice_conn_key k;
+	__u32 remote_port = ctx->remote_port;
+
+	__builtin_memset(&k, 0, sizeof(k));
+	k.netns_cookie = cookie;
+	__builtin_memcpy(k.saddr, remote->a, 16);
+	if (ctx->family == AF_INET) {
+		__u32 local = ctx->local_ip4;
+
+		__builtin_memcpy(k.daddr, &local, 4);
+	} else {
+		__u32 l[4] = { ctx->local_ip6[0], ctx->local_ip6[1], ctx->local_ip6[2], ctx->local_ip6[3] };
+
+		__builtin_memcpy(k.daddr, l, 16);
+	}
+	k.sport = (__u16)remote_port;
+	k.dport = bpf_htons((__u16)ctx->local_port);
+	k.family = ctx->family;
+	return bpf_map_lookup_elem(&proxy_conns, &k) != 0;
+}
+
+/* The proxy's listener on port for a connection of family, counting a
+ * dual-stack one for IPv4. */
+static __always_inline struct bpf_sock *proxy_listener(__u64 cookie, __u16 port, __u32 family)
+{
+	struct sluice_listener_key k = { .netns_cookie = cookie, .port = port, .family = family };
+	struct bpf_sock *sk = bpf_map_lookup_elem(&sock_listeners, &k);
+
+	if (sk || family != AF_INET)
+		return sk;
+	k.family = AF_INET6;
+	return bpf_map_lookup_elem(&sock_listeners, &k);
+}
+
+static __always_inline int is_reroute_iface(const struct sluice_pod_sock *pod, __u32 ifindex)
+{
+	int i;
+
+#pragma unroll
+	for (i = 0; i < SLUICE_MAX_REROUTE_IFACES; i++) {
+		if (i >= pod->reroute_count)
+			break;
+		if (pod->reroute_ifindex[i] == ifindex)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * Rules 6-9 in the pod's netns, called (by tail call) from the pod's own
+ * program once the kernel found no connected socket for a packet: a new
+ * connection from outside goes to the proxy's inbound listener, keeping its
+ * addresses (the accepted socket's local address is the original
+ * destination). The kernel then picks among the listener's reuseport group.
+ * No listener: dropped (the client sees a reset).
+ */
+SEC("sk_lookup")
+int pod_sk_lookup(struct bpf_sk_lookup *ctx)
+{
+	const struct sluice_settings *cfg;
+	const struct sluice_pod_sock *pod;
+	struct sluice_lookup_pod *lp;
+	struct bpf_sock *sk;
+	struct sa_addr x;
+	__u32 zero = 0;
+	__u64 cookie;
+	long err;
+
+	lp = bpf_map_lookup_elem(&sk_lookup_pod, &zero);
+	if (!lp)
+		return SK_DROP;
+	cookie = lp->netns_cookie;
+	if (ctx->protocol != IPPROTO_TCP) /* rule 9 */
+		return SK_PASS;
+	cfg = settings_get();
+	pod = bpf_map_lookup_elem(&pod_sock, &cookie);
+	if (!cfg || !pod || !(pod->flags & SLUICE_POD_INBOUND_CAPTURE))
+		return SK_PASS;
+	/* Virtual interfaces: their TC hook decided (outbound listener). */
+	if (pod->reroute_count && is_reroute_iface(pod, ctx->ingress_ifindex))
+		return SK_PASS;
+	if (ctx->local_port == cfg->hbone_port) /* rule 7 */
+		return SK_PASS;
+	__builtin_memset(&x, 0, sizeof(x));
+	x.family = ctx->family;
+	if (ctx->family == AF_INET) {
+		x.a[0] = ctx->remote_ip4;
+	} else {
+		x.a[0] = ctx->remote_ip6[0];
+		x.a[1] = ctx->remote_ip6[1];
+		x.a[2] = ctx->remote_ip6[2];
+		x.a[3] = ctx->remote_ip6[3];
+	}
+	/* Rule 5, from the pod itself: a connection over lo reports the
+	 * address's device (eth0), not lo, as its ingress interface, but its
+	 * source is the pod's (a packet from outside with a source address of
+	 * the pod's is dropped as a martian before any lookup). The proxy's
+	 * own connections from a client's address (rule 4) were filed when
+	 * they left. */
+	if (sa_is_loopback(&x) || pod_owns(pod, &x))
+		return SK_PASS;
+	if (sa_is_probe(cfg, &x)) /* rule 8 */
+		return SK_PASS;
+	if (is_proxy_conn(ctx, cookie, &x))
+		return SK_PASS;
+
+	sk = proxy_listener(cookie, cfg->inbound_port, ctx->family); /* rule 6 */
+	if (!sk)
+		goto drop;
+	err = bpf_sk_assign(ctx, sk, 0);
+	bpf_sk_release(sk);
+	if (err)
+		goto drop;
+	SLUICE_COUNT(cookie, inbound_conns);
+	return SK_PASS;
+drop:
+	SLUICE_COUNT(cookie, dropped_pkts);
+	return SK_DROP;
+}
+
+/*
+ * Rule 4. The proxy connects to an app with the client's address (its
+ * socket transparent and marked): the app's answer to that address must
+ * come back to the proxy, not leave the pod. Istio restores a connmark
+ * 0x111 on the replies; here the SYN that reaches the app's listener gets
+ * the return mark, which net.ipv4.tcp_fwmark_accept (set in the pod's
+ * netns) makes the mark of the app's accepted socket: its SYN-ACK and every
+ * later reply take the policy route "fwmark 0x111 -> local".
+ */
+SEC("cgroup_skb/ingress")
+int pod_skb_ingress(struct __sk_buff *skb)
+{
+	const struct sluice_settings *cfg;
+	struct bpf_sock *sk;
+	__u32 mark = skb->mark;
+	__u64 cookie;
+
+	if (!mark) /* what almost every packet has: nothing else read */
+		return 1;
+	cfg = settings_get();
+	if (!cfg || (mark & cfg->mark_mask) != cfg->proxy_mark)
+		return 1;
+	sk = skb->sk;
+	if (!sk)
+		return 1;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk || sk->state != BPF_TCP_LISTEN)
+		return 1;
+	cookie = pod_cookie(skb);
+	if (!bpf_map_lookup_elem(&pod_sock, &cookie))
+		return 1;
+	skb->mark = (mark & ~cfg->mark_mask) | cfg->return_mark;
+	return 1;
+}
+
+/* IP packets a raw socket hands the kernel that may carry TCP, or whose
+ * payload cannot be told cheaply (IPv4 later fragments, IPv6 extension
+ * headers). Other protocols (ICMP, UDP, VRRP...) pass. */
+static __always_inline int raw_may_be_tcp(struct __sk_buff *skb)
+{
+	__u8 h[10];
+
+	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)) < 0)
+		return 1;
+	if ((h[0] >> 4) == 4)
+		return h[9] == IPPROTO_TCP || (((h[6] & 0x1f) | h[7]) != 0);
+	if ((h[0] >> 4) == 6)
+		return h[6] == IPPROTO_TCP || h[6] == IPPROTO_HOPOPTS || h[6] == IPPROTO_ROUTING ||
+		       h[6] == IPPROTO_FRAGMENT || h[6] == IPPROTO_DSTOPTS || h[6] == IPPROTO_AH;
+	return 1;
+}
+
+/*
+ * Fail closed on raw sockets: connect() is where the socket mode captures
+ * TCP, and a raw socket (CAP_NET_RAW, which containers have by default)
+ * builds TCP without one. Its TCP leaving the pod is dropped and counted;
+ * ICMP (ping) and UDP from raw sockets pass, as the TC mode passes them.
+ * Packet sockets (AF_PACKET) pass no cgroup hook, as they pass no netfilter
+ * hook of Istio's: only the TC mode sees them.
+ */
+SEC("cgroup_skb/egress")
+int pod_skb_egress(struct __sk_buff *skb)
+{
+	struct bpf_sock *sk = skb->sk;
+	__u64 cookie;
+
+	if (!sk)
+		return 1;
+	sk = bpf_sk_fullsock(sk);
+	if (!sk || sk->type != SOCK_RAW || skb->ifindex == SLUICE_LOOPBACK_IFINDEX)
+		return 1;
+	cookie = pod_cookie(skb);
+	if (!bpf_map_lookup_elem(&pod_sock, &cookie))
+		return 1;
+	if (sk->protocol != IPPROTO_TCP && !raw_may_be_tcp(skb))
+		return 1;
+	SLUICE_COUNT(cookie, dropped_pkts);
+	return 0;
+}

@@ -1,0 +1,262 @@
+#include "loader/sock_hooks.h"
+
+#include <bpf/bpf.h>
+#include <bpf/libbpf.h>
+#include <fcntl.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "loader/cgroup.h"
+#include "loader/fd.h"
+#include "loader/programs.h"
+#include "loader/tc.h"
+#include "maps/sluice_maps.h"
+
+namespace sluice {
+
+namespace {
+
+std::string nodeDir(const std::string& root) { return root + "/" + SLUICE_PIN_NODE_LINKS_DIR; }
+
+// What a pinned link is: its kind, its program, and for a cgroup link the
+// cgroup it is attached to (0 once that cgroup was removed), for a netns
+// link the netns (0 once it is gone).
+struct LinkState {
+  bool pinned = false;
+  uint32_t type = 0;
+  uint32_t progId = 0;
+  uint64_t cgroupId = 0;
+  uint32_t netnsIno = 0;
+};
+
+LinkState linkState(const std::string& pin) {
+  LinkState s;
+  Fd fd(bpf_obj_get(pin.c_str()));
+  if (!fd.valid()) return s;
+  s.pinned = true;
+  struct bpf_link_info info {};
+  __u32 len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(fd.get(), &info, &len) != 0) return s;
+  s.type = info.type;
+  s.progId = info.prog_id;
+  if (info.type == BPF_LINK_TYPE_CGROUP) s.cgroupId = info.cgroup.cgroup_id;
+  if (info.type == BPF_LINK_TYPE_NETNS) s.netnsIno = info.netns.netns_ino;
+  return s;
+}
+
+Status detachPinned(const std::string& pin) {
+  Fd fd(bpf_obj_get(pin.c_str()));
+  if (!fd.valid()) {
+    if (errno == ENOENT) return {};
+    return Error::fromErrno(errno, "open pinned link " + pin);
+  }
+  // Detach explicitly: another process may hold the link open, and the
+  // unpin alone would leave it attached until that process exits.
+  if (bpf_link_detach(fd.get()) != 0 && errno != ENOLINK && errno != ENOENT && errno != EINVAL)
+    return Error::fromErrno(errno, "detach link " + pin);
+  if (::unlink(pin.c_str()) != 0 && errno != ENOENT) return Error::fromErrno(errno, "unpin " + pin);
+  return {};
+}
+
+Status pinLink(int linkFd, const std::string& pin) {
+  ::unlink(pin.c_str());  // a stale pin of a link that went away
+  if (bpf_obj_pin(linkFd, pin.c_str()) != 0) return Error::fromErrno(errno, "pin link at " + pin);
+  return {};
+}
+
+// The program a pod's netns runs: "I am pod COOKIE", then the shared
+// sk_lookup program (slot 0 of sk_lookup_prog). Should that slot be empty
+// the tail call falls through and the packet is dropped: fail closed.
+Result<Fd> loadPodStub(const PodPrograms& p, uint64_t cookie) {
+  const int scratch = p.skLookupPod.fd(), progs = p.skLookupProg.fd();
+  auto ldMap = [](int reg, int fd) {
+    return std::pair<bpf_insn, bpf_insn>{
+        {.code = BPF_LD | BPF_DW | BPF_IMM, .dst_reg = static_cast<__u8>(reg), .src_reg = BPF_PSEUDO_MAP_FD, .off = 0, .imm = fd},
+        {.code = 0, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0}};
+  };
+  auto scratchLd = ldMap(BPF_REG_1, scratch), progsLd = ldMap(BPF_REG_2, progs);
+  const bpf_insn insns[] = {
+      {.code = BPF_ALU64 | BPF_MOV | BPF_X, .dst_reg = BPF_REG_6, .src_reg = BPF_REG_1, .off = 0, .imm = 0},
+      {.code = BPF_ST | BPF_MEM | BPF_W, .dst_reg = BPF_REG_10, .src_reg = 0, .off = -4, .imm = 0},
+      scratchLd.first,
+      scratchLd.second,
+      {.code = BPF_ALU64 | BPF_MOV | BPF_X, .dst_reg = BPF_REG_2, .src_reg = BPF_REG_10, .off = 0, .imm = 0},
+      {.code = BPF_ALU64 | BPF_ADD | BPF_K, .dst_reg = BPF_REG_2, .src_reg = 0, .off = 0, .imm = -4},
+      {.code = BPF_JMP | BPF_CALL, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = BPF_FUNC_map_lookup_elem},
+      {.code = BPF_JMP | BPF_JEQ | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 8, .imm = 0},
+      {.code = BPF_LD | BPF_DW | BPF_IMM, .dst_reg = BPF_REG_1, .src_reg = 0, .off = 0, .imm = static_cast<__s32>(cookie & 0xffffffffu)},
+      {.code = 0, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = static_cast<__s32>(cookie >> 32)},
+      {.code = BPF_STX | BPF_MEM | BPF_DW, .dst_reg = BPF_REG_0, .src_reg = BPF_REG_1, .off = 0, .imm = 0},
+      {.code = BPF_ALU64 | BPF_MOV | BPF_X, .dst_reg = BPF_REG_1, .src_reg = BPF_REG_6, .off = 0, .imm = 0},
+      progsLd.first,
+      progsLd.second,
+      {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_3, .src_reg = 0, .off = 0, .imm = 0},
+      {.code = BPF_JMP | BPF_CALL, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = BPF_FUNC_tail_call},
+      {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 0, .imm = 0 /* SK_DROP */},
+      {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},
+  };
+  LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = BPF_SK_LOOKUP);
+  int fd = bpf_prog_load(BPF_PROG_TYPE_SK_LOOKUP, "sluice_pod_lk", "Dual BSD/GPL", insns,
+                         sizeof(insns) / sizeof(insns[0]), &opts);
+  if (fd < 0) return Error::fromErrno(errno, "load the pod's sk_lookup program");
+  return Fd(fd);
+}
+
+// Slot 0 of sk_lookup_prog: the shared program, when empty (or, with
+// replace, running another one). Reading a program array gives program ids.
+Result<bool> ensureSharedLookup(PodPrograms& p, bool replace) {
+  const int fd = p.socketPrograms().skLookup;
+  auto have = p.skLookupProg.lookup(0);
+  if (have && (!replace || *have == programId(fd))) return false;
+  SLUICE_TRY(p.skLookupProg.update(0, static_cast<__u32>(fd)));
+  return true;
+}
+
+}  // namespace
+
+std::vector<NodeHook> nodeHooks(const PodPrograms& p) {
+  if (!p.socketLoaded()) return {};
+  const SocketPrograms& s = p.socketPrograms();
+  return {
+      {"connect4", BPF_CGROUP_INET4_CONNECT, s.connect4},
+      {"connect6", BPF_CGROUP_INET6_CONNECT, s.connect6},
+      {"sendmsg4", BPF_CGROUP_UDP4_SENDMSG, s.sendmsg4},
+      {"sendmsg6", BPF_CGROUP_UDP6_SENDMSG, s.sendmsg6},
+      {"recvmsg4", BPF_CGROUP_UDP4_RECVMSG, s.recvmsg4},
+      {"recvmsg6", BPF_CGROUP_UDP6_RECVMSG, s.recvmsg6},
+      {"getpeername4", BPF_CGROUP_INET4_GETPEERNAME, s.getpeername4},
+      {"getpeername6", BPF_CGROUP_INET6_GETPEERNAME, s.getpeername6},
+      {"getsockopt", BPF_CGROUP_GETSOCKOPT, s.getsockopt},
+      {"sockops", BPF_CGROUP_SOCK_OPS, s.sockops},
+      {"skb_ingress", BPF_CGROUP_INET_INGRESS, s.skbIngress},
+      {"skb_egress", BPF_CGROUP_INET_EGRESS, s.skbEgress},
+  };
+}
+
+Result<std::string> nodeHookCgroup(const std::string& requested) {
+  if (requested.empty()) return cgroup2Mount();
+  struct stat st {};
+  if (::stat(requested.c_str(), &st) != 0) return Error::fromErrno(errno, "cgroup " + requested);
+  if (!S_ISDIR(st.st_mode) || ::access((requested + "/cgroup.procs").c_str(), F_OK) != 0)
+    return Error::msg("cgroup " + requested + " is not a cgroup v2 directory", ENOTDIR);
+  return requested;
+}
+
+Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::string& cgroupPath, PodPrograms& p,
+                                        bool replace) {
+  if (!p.socketLoaded()) return Error::msg("socket mode unavailable: " + p.socketError(), ENOTSUP);
+  auto cgId = cgroupIdOfPath(cgroupPath);
+  SLUICE_TRY(cgId);
+  Fd cg(::open(cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cg.valid()) return Error::fromErrno(errno, "open cgroup " + cgroupPath);
+  if (::mkdir(nodeDir(root).c_str(), 0700) != 0 && errno != EEXIST) return Error::fromErrno(errno, "mkdir " + nodeDir(root));
+
+  NodeHooksReport report;
+  std::vector<std::string> made;  // undone if a later hook fails: all or nothing
+  auto undo = [&made] {
+    for (const auto& pin : made) (void)detachPinned(pin);
+  };
+  for (const auto& h : nodeHooks(p)) {
+    std::string pin = nodeDir(root) + "/" + h.name;
+    LinkState s = linkState(pin);
+    if (s.pinned && s.type == BPF_LINK_TYPE_CGROUP && s.cgroupId != 0) {
+      if (s.cgroupId != *cgId) {
+        undo();
+        return Error::msg("the node hook " + h.name + " under " + root + " is attached at cgroup id " +
+                              std::to_string(s.cgroupId) + ", not at " + cgroupPath + " (id " + std::to_string(*cgId) +
+                              "); remove the pod state or use the same --cgroup",
+                          EEXIST);
+      }
+      if (replace && s.progId != programId(h.progFd)) {
+        Fd link(bpf_obj_get(pin.c_str()));
+        if (!link.valid() || bpf_link_update(link.get(), h.progFd, nullptr) != 0) {
+          undo();
+          return Error::fromErrno(errno, "switch the node hook " + h.name + " to program " +
+                                             std::to_string(programId(h.progFd)));
+        }
+        report.replaced++;
+      }
+      continue;
+    }
+    int fd = bpf_link_create(h.progFd, cg.get(), static_cast<enum bpf_attach_type>(h.attachType), nullptr);
+    if (fd < 0) {
+      int err = errno;
+      undo();
+      return Error::fromErrno(err, "attach the node hook " + h.name + " at cgroup " + cgroupPath);
+    }
+    Fd link(fd);
+    if (Status st = pinLink(link.get(), pin); !st.ok()) {
+      undo();
+      return st.error();
+    }
+    made.push_back(pin);
+    report.attached++;
+  }
+  auto shared = ensureSharedLookup(p, replace);
+  if (!shared.ok()) {
+    undo();
+    return shared.error();
+  }
+  if (*shared && replace) report.replaced++;
+  if (report.attached)
+    spdlog::info("socket mode: {} node hook(s) attached at cgroup {}, pinned under {}", report.attached, cgroupPath,
+                 nodeDir(root));
+  return report;
+}
+
+std::vector<std::string> checkNodeHooks(const std::string& root, const std::string& cgroupPath, const PodPrograms& p) {
+  std::vector<std::string> out;
+  auto cgId = cgroupIdOfPath(cgroupPath);
+  for (const auto& h : nodeHooks(p)) {
+    std::string pin = nodeDir(root) + "/" + h.name;
+    LinkState s = linkState(pin);
+    if (!s.pinned)
+      out.push_back("node hook " + h.name + " is not attached");
+    else if (s.type != BPF_LINK_TYPE_CGROUP || s.cgroupId == 0)
+      out.push_back("node hook " + h.name + " is detached (its cgroup is gone)");
+    else if (cgId.ok() && s.cgroupId != *cgId)
+      out.push_back("node hook " + h.name + " is attached at another cgroup (id " + std::to_string(s.cgroupId) + ")");
+  }
+  if (p.socketLoaded() && !p.skLookupProg.lookup(0)) out.push_back("the shared sk_lookup program is missing");
+  return out;
+}
+
+bool nodeHooksPinned(const std::string& root) {
+  struct stat st {};
+  return ::stat(nodeDir(root).c_str(), &st) == 0;
+}
+
+Status removeNodeHooks(const std::string& root) {
+  static const char* const kNames[] = {"connect4",     "connect6",     "sendmsg4",   "sendmsg6", "recvmsg4",    "recvmsg6",
+                                       "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress"};
+  Status first;
+  for (const char* n : kNames) {
+    Status st = detachPinned(nodeDir(root) + "/" + n);
+    if (!st.ok() && first.ok()) first = st;
+  }
+  if (::rmdir(nodeDir(root).c_str()) != 0 && errno != ENOENT && first.ok())
+    first = Error::fromErrno(errno, "rmdir " + nodeDir(root));
+  return first;
+}
+
+Status attachPodSkLookup(const PodPrograms& p, uint64_t cookie, int netnsFd, const std::string& pin) {
+  if (!p.socketLoaded()) return Error::msg("socket mode unavailable: " + p.socketError(), ENOTSUP);
+  auto stub = loadPodStub(p, cookie);
+  SLUICE_TRY(stub);
+  int fd = bpf_link_create(stub->get(), netnsFd, BPF_SK_LOOKUP, nullptr);
+  if (fd < 0) return Error::fromErrno(errno, "link the pod's sk_lookup program to its netns");
+  Fd link(fd);
+  return pinLink(link.get(), pin);
+}
+
+Status detachPodSkLookup(const std::string& pin) { return detachPinned(pin); }
+
+bool podSkLookupAttached(const std::string& pin) {
+  LinkState s = linkState(pin);
+  return s.pinned && s.type == BPF_LINK_TYPE_NETNS && s.netnsIno != 0;
+}
+
+}  // namespace sluice

@@ -1,0 +1,70 @@
+// The socket mode's attachments. Node-wide: the cgroup programs (connect,
+// sendmsg, recvmsg, getpeername, getsockopt, sock_ops, cgroup_skb) as links
+// at one cgroup v2 directory, attached once and pinned under
+// <root>/node_links/ so that they outlive the process that made them. Per
+// pod: a tiny sk_lookup program of its own (the kernel does not tell an
+// sk_lookup program its netns) that names its pod and tail-calls the
+// shared one, linked to the pod's netns and pinned at links/<pod>/sk_lookup.
+// None of these attachments waits for an RCU grace period.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loader/result.h"
+
+namespace sluice {
+
+class PodPrograms;
+
+/// One node-wide hook: its pin name, attach type and program.
+struct NodeHook {
+  std::string name;  ///< "connect4", "getsockopt", ...
+  int attachType = 0;
+  int progFd = -1;
+};
+
+/// The node hooks of @p p's socket programs (empty when not loaded).
+std::vector<NodeHook> nodeHooks(const PodPrograms& p);
+
+/// The cgroup the node hooks go to: @p requested, or the root of the
+/// cgroup v2 hierarchy when empty. The path must be a cgroup v2 directory.
+Result<std::string> nodeHookCgroup(const std::string& requested);
+
+/// What ensureNodeHooks did.
+struct NodeHooksReport {
+  int attached = 0;   ///< hooks that were missing (or detached) and were attached
+  int replaced = 0;   ///< hooks switched to @p p's programs
+};
+
+/// Attaches every node hook missing under @p root at @p cgroupPath
+/// (pinned), and fills the shared sk_lookup slot when it is empty. With
+/// @p replace, hooks running other programs (an older build's) are switched
+/// to @p p's in place (bpf_link_update; no socket sees a hook missing) and
+/// so is the shared sk_lookup program. Hooks pinned at another cgroup are
+/// an error (EEXIST) naming both.
+Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::string& cgroupPath, PodPrograms& p,
+                                        bool replace);
+
+/// Problems with the node hooks under @p root: missing, detached (its
+/// cgroup was removed), or at another cgroup than @p cgroupPath.
+std::vector<std::string> checkNodeHooks(const std::string& root, const std::string& cgroupPath, const PodPrograms& p);
+
+/// Whether any node hook is pinned under @p root.
+bool nodeHooksPinned(const std::string& root);
+
+/// Detaches and unpins every node hook under @p root (absent: success).
+Status removeNodeHooks(const std::string& root);
+
+/// Loads pod @p cookie's own sk_lookup program and links it to the network
+/// namespace @p netnsFd, pinned at @p pin (replacing a stale pin).
+Status attachPodSkLookup(const PodPrograms& p, uint64_t cookie, int netnsFd, const std::string& pin);
+
+/// Detaches and unpins the link at @p pin (absent: success).
+Status detachPodSkLookup(const std::string& pin);
+
+/// Whether the link pinned at @p pin is attached to a live netns.
+bool podSkLookupAttached(const std::string& pin);
+
+}  // namespace sluice
