@@ -116,7 +116,8 @@ int serveUntilSignal(Start start, const sigset_t& signals) {
 /// The JSON fields of one connection/query (without braces).
 std::string connectionFields(const sluice::ProxyEvent& ev) {
   return "\"listener\":" + jsonString(ev.listener) + ",\"port\":" + std::to_string(ev.listenerPort) +
-         ",\"orig_dst\":" + jsonString(ev.origDst) + ",\"peer\":" + jsonString(ev.peer) +
+         ",\"orig_dst\":" + jsonString(ev.origDst) + ",\"orig_dst_from\":" + jsonString(ev.origDstFrom) +
+         ",\"peer\":" + jsonString(ev.peer) +
          ",\"detail\":" + jsonString(ev.detail);
 }
 

@@ -171,6 +171,35 @@ std::optional<SockAddr> parseAddr(const std::string& text) {
   return std::nullopt;
 }
 
+// Not in glibc's headers: netfilter's (linux/netfilter_ipv4.h,
+// linux/netfilter_ipv6/ip6_tables.h).
+constexpr int kSoOriginalDst = 80;
+constexpr int kIp6tSoOriginalDst = 80;
+
+/// The original destination of an accepted connection as ztunnel reads it
+/// (src/socket.rs, orig_dst_addr_or_default): SO_ORIGINAL_DST, then
+/// IP6T_SO_ORIGINAL_DST (dual-stack sockets answer either), else the local
+/// address. @p from says which answered.
+std::optional<SockAddr> originalDst(int fd, std::string& from) {
+  SockAddr a;
+  a.len = sizeof(a.storage);
+  if (::getsockopt(fd, SOL_IP, kSoOriginalDst, a.raw(), &a.len) == 0 && a.family() == AF_INET) {
+    from = "SO_ORIGINAL_DST";
+    return a;
+  }
+  a = SockAddr{};
+  a.len = sizeof(a.storage);
+  if (::getsockopt(fd, SOL_IPV6, kIp6tSoOriginalDst, a.raw(), &a.len) == 0 && a.family() == AF_INET6) {
+    from = "IP6T_SO_ORIGINAL_DST";
+    return a;
+  }
+  from = "local address";
+  a = SockAddr{};
+  a.len = sizeof(a.storage);
+  if (::getsockname(fd, a.raw(), &a.len) != 0) return std::nullopt;
+  return a;
+}
+
 std::optional<SockAddr> localAddr(int fd) {
   SockAddr a;
   a.len = sizeof(a.storage);
@@ -518,6 +547,7 @@ class DnsUdp final : public Session {
       ev.listener = "dns-udp";
       ev.listenerPort = port_;
       ev.origDst = formatAddr(destination(msg));
+      ev.origDstFrom = "datagram";
       ev.peer = formatAddr(peer);
       ev.detail = q->name + " " + dnsTypeName(q->qtype);
       server_.log().record(std::move(ev));
@@ -615,6 +645,7 @@ class DnsTcpConnection final : public Session {
         ev.listener = "dns-tcp";
         ev.listenerPort = port_;
         ev.origDst = origDst_;
+        ev.origDstFrom = "local address";
         ev.peer = peer_;
         ev.detail = q->name + " " + dnsTypeName(q->qtype);
         server_.log().record(std::move(ev));
@@ -966,12 +997,14 @@ bool Server::isOwnRelayListener(const SockAddr& target) const {
 }
 
 void Server::onAccepted(Kind kind, uint16_t port, Fd fd, const SockAddr& peer) {
-  auto local = localAddr(fd.get());
+  std::string from = "local address";
+  auto local = kind == Kind::DnsTcp ? localAddr(fd.get()) : originalDst(fd.get(), from);
   if (!local) return;
   ProxyEvent ev;
   ev.listener = kindName(kind);
   ev.listenerPort = port;
   ev.origDst = formatAddr(*local);
+  ev.origDstFrom = from;
   ev.peer = formatAddr(peer);
   switch (kind) {
     case Kind::Hbone: {

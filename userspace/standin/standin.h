@@ -26,9 +26,14 @@ struct ProxyEvent {
   std::string listener;
   /// Port of the listener that got it (15001, …).
   uint16_t listenerPort = 0;
-  /// Local address of the accepted socket (with TPROXY-style delivery: the
-  /// app's original destination), or the destination of a DNS datagram.
+  /// The original destination, found as ztunnel finds it: SO_ORIGINAL_DST
+  /// on the accepted socket (IPv4, then IPv6), else its local address (with
+  /// TPROXY-style delivery that is the app's original destination); for DNS
+  /// the destination of the datagram.
   std::string origDst;
+  /// How origDst was found: "SO_ORIGINAL_DST", "IP6T_SO_ORIGINAL_DST",
+  /// "local address" (relays and DNS over TCP), or "datagram" (DNS over UDP).
+  std::string origDstFrom;
   /// Remote address.
   std::string peer;
   /// DNS: queried name and type ("example.com A"). Relays: "upstream ok" or
@@ -85,8 +90,9 @@ struct StandInConfig {
 /// The ztunnel stand-in: listeners on the outbound, inbound, HBONE and DNS
 /// ports, served by one epoll thread.
 ///
-/// - outbound: records the accepted socket's local address as the original
-///   destination, connects there marked, relays both ways (half-close kept).
+/// - outbound: records the original destination (SO_ORIGINAL_DST first, the
+///   accepted socket's local address when that fails, as ztunnel does),
+///   connects there marked, relays both ways (half-close kept).
 /// - inbound: same, but the upstream socket is IP_TRANSPARENT + FREEBIND and
 ///   bound to the client's IP, so the app sees the real client.
 /// - hbone: writes "hbone\n" and closes.
