@@ -364,6 +364,7 @@ Health Agent::health() {
   Health h;
   h.version = SLUICE_VERSION;
   h.bpffsRoot = options_.datapath.bpffsRoot;
+  h.capture = captureModeName(options_.datapath.capture);
   h.tcMode = tcModeName(options_.datapath.tcMode);
   h.pods = dp_->listPods().size();
   h.uptimeSeconds = static_cast<uint64_t>(secondsSince(started_));

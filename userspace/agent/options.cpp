@@ -11,7 +11,8 @@ std::string daemonUsage() {
 
 usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
-               [--tc-mode auto|tcx|legacy] [--reconcile-interval SECONDS]
+               [--capture auto|socket|tc] [--tc-mode auto|tcx|legacy]
+               [--cgroup DIR] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -19,8 +20,12 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
   --metrics-address A:P    Prometheus /metrics (default 127.0.0.1:9464; "off": none)
   --log-format FMT         text (default) or json, on stderr
   --log-level LVL          trace, debug, info (default), warn, error, off
-  --tc-mode MODE           attach mode for new pods: auto (tcx when the kernel
-                           has it), tcx, or legacy (clsact + cls_bpf)
+  --capture MODE           where new pods are captured: auto (at the socket
+                           when the kernel has the hooks), socket, or tc
+  --tc-mode MODE           TC attach mode for new pods: auto (tcx when the
+                           kernel has it), tcx, or legacy (clsact + cls_bpf)
+  --cgroup DIR             the cgroup v2 directory the socket mode's node hooks
+                           attach at (default: the cgroup v2 root: every process)
   --reconcile-interval S   seconds between sweeps (default 30; 0: start-up only)
   --ztunnel-socket PATH    hand every enrolled pod to the node proxy (ztunnel)
                            over ZDS on this unix socket (ztunnel's INPOD_UDS,
@@ -52,8 +57,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       return d;
     }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
-                                      "--tc-mode", "--reconcile-interval", "--ztunnel-socket",
-                                      "--ztunnel-timeout-ms"};
+                                      "--tc-mode", "--capture", "--cgroup", "--reconcile-interval",
+                                      "--ztunnel-socket", "--ztunnel-timeout-ms"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -82,6 +87,13 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       auto m = parseTcMode(v);
       if (!m.ok()) return usageError(m.error().message);
       d.agent.datapath.tcMode = *m;
+    } else if (flag == "--capture") {
+      auto m = parseCaptureMode(v);
+      if (!m.ok()) return usageError(m.error().message);
+      d.agent.datapath.capture = *m;
+    } else if (flag == "--cgroup") {
+      if (v.empty() || v[0] != '/') return usageError("--cgroup needs an absolute path");
+      d.agent.datapath.cgroupPath = v;
     } else if (flag == "--reconcile-interval") {
       if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit))
         return usageError("invalid --reconcile-interval '" + v + "' (expected whole seconds)");

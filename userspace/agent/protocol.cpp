@@ -106,6 +106,7 @@ json encodePodSpec(const PodSpec& s) {
   if (!s.identity.serviceAccount.empty()) j["serviceAccount"] = s.identity.serviceAccount;
   if (s.nodeNetnsPath) j["nodeNetns"] = *s.nodeNetnsPath;
   if (s.tcMode) j["tcMode"] = tcModeName(*s.tcMode);
+  if (s.capture) j["capture"] = captureModeName(*s.capture);
   return j;
 }
 
@@ -142,9 +143,17 @@ Result<PodSpec> decodePodSpec(const json& j) {
     if (!m.ok()) return bad("'pod.tcMode' must be auto, tcx or legacy");
     s.tcMode = *m;
   }
+  if (j.contains("capture") && !j["capture"].is_null()) {
+    std::string mode;
+    SLUICE_TRY(str(j, "capture", mode));
+    auto m = parseCaptureMode(mode);
+    if (!m.ok()) return bad("'pod.capture' must be auto, tc or socket");
+    s.capture = *m;
+  }
   for (const auto& k : j.items()) {
     static const char* known[] = {"netns",     "id",     "dnsCapture", "inboundCapture", "rerouteIfaces", "ips",
-                                  "nodeNetns", "tcMode", "uid",        "name",           "namespace",     "serviceAccount"};
+                                  "nodeNetns", "tcMode", "capture",    "uid",            "name",          "namespace",
+                                  "serviceAccount"};
     if (std::none_of(std::begin(known), std::end(known), [&](const char* n) { return k.key() == n; }))
       return bad("unknown field 'pod." + k.key() + "'");
   }
@@ -215,6 +224,7 @@ json encodePodInfo(const PodInfo& p) {
   return {{"id", p.id},
           {"netns", p.netnsPath},
           {"netns_cookie", p.netnsCookie},
+          {"capture", p.capture},
           {"tc_mode", p.tcMode},
           {"dns_capture", p.dnsCapture},
           {"inbound_capture", p.inboundCapture},
@@ -240,6 +250,7 @@ Result<PodInfo> decodePodInfo(const json& j) {
   SLUICE_TRY(str(j, "id", p.id, true));
   SLUICE_TRY(str(j, "netns", p.netnsPath));
   SLUICE_TRY(num(j, "netns_cookie", p.netnsCookie));
+  SLUICE_TRY(str(j, "capture", p.capture));
   SLUICE_TRY(str(j, "tc_mode", p.tcMode));
   SLUICE_TRY(flag(j, "dns_capture", p.dnsCapture));
   SLUICE_TRY(flag(j, "inbound_capture", p.inboundCapture));
@@ -290,7 +301,7 @@ Result<PodCounters> decodeCounters(const json& j) {
 
 json encodeHealth(const Health& h) {
   return {{"version", h.version},   {"protocol", h.protocol}, {"bpffs", h.bpffsRoot},
-          {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
+          {"capture", h.capture},   {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
           {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
           {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections}};
 }
@@ -301,6 +312,7 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(str(j, "version", h.version));
   SLUICE_TRY(num(j, "protocol", h.protocol));
   SLUICE_TRY(str(j, "bpffs", h.bpffsRoot, true));
+  SLUICE_TRY(str(j, "capture", h.capture));
   SLUICE_TRY(str(j, "tc_mode", h.tcMode));
   SLUICE_TRY(num(j, "pods", h.pods));
   SLUICE_TRY(num(j, "uptime_seconds", h.uptimeSeconds));

@@ -48,6 +48,7 @@ struct Health {
   std::string version;     ///< sluice build version
   int protocol = kProtocolVersion;
   std::string bpffsRoot;
+  std::string capture;     ///< the agent's default capture (--capture)
   std::string tcMode;      ///< the agent's default attach mode
   uint64_t pods = 0;
   uint64_t uptimeSeconds = 0;

@@ -88,6 +88,7 @@ Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::strin
   spec.inboundCapture = conf.inboundCapture;
   spec.rerouteIfaces = conf.rerouteIfaces;
   spec.tcMode = conf.tcMode;
+  spec.capture = conf.capture;
   // nodeNetnsPath stays unset: the agent looks the host-side veth up in its
   // own netns, which is the node's (hostNetwork DaemonSet).
   auto ips = podAddresses(*conf.prevResult);
@@ -269,6 +270,13 @@ Result<NetConf> parseNetConf(const std::string& text) {
     if (!m.ok()) return badConfig("'tcMode' must be auto, tcx or legacy, not '" + mode + "'");
     c.tcMode = *m;
   }
+  if (j.contains("capture")) {
+    std::string mode;
+    SLUICE_TRY(optString(j, "capture", mode));
+    auto m = parseCaptureMode(mode);
+    if (!m.ok()) return badConfig("'capture' must be auto, tc or socket, not '" + mode + "'");
+    c.capture = *m;
+  }
   SLUICE_TRY(optString(j, "logLevel", c.logLevel));
   SLUICE_TRY(optString(j, "logFormat", c.logFormat));
   if (!validateLogOptions(c.logFormat, "info").ok()) return badConfig("'logFormat' must be text or json");
@@ -405,6 +413,7 @@ As a CNI plugin (run by the container runtime, CNI spec 1.0.0):
     dnsCapture      true|false (default true)
     inboundCapture  true|false (default true)
     rerouteIfaces   ["IFNAME", ...] (default [])
+    capture         auto|socket|tc (default: the agent's --capture)
     tcMode          auto|tcx|legacy (default: the agent's --tc-mode)
     logLevel        trace|debug|info|warn|error|off (default info; stderr)
     logFormat       text|json (default text)

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "loader/result.h"
+#include "loader/features.h"
 #include "loader/tc.h"
 
 namespace sluice::cni {
@@ -81,6 +82,7 @@ struct NetConf {
   bool inboundCapture = true;
   std::vector<std::string> rerouteIfaces;
   std::optional<TcMode> tcMode;  ///< nullopt: the agent's --tc-mode
+  std::optional<CaptureMode> capture;  ///< nullopt: the agent's --capture
   /// spdlog level of the plugin's stderr log, and its format.
   std::string logLevel = "info";
   std::string logFormat = "text";

@@ -44,8 +44,8 @@ struct Args {
 std::string usage() {
   return R"(sluicectl: enroll pods into sluice's eBPF traffic redirection
 
-usage: sluicectl [--bpffs DIR] [--socket PATH] [--tc-mode auto|tcx|legacy]
-                 [--log-level LEVEL] COMMAND
+usage: sluicectl [--bpffs DIR] [--socket PATH] [--capture auto|socket|tc]
+                 [--tc-mode auto|tcx|legacy] [--cgroup DIR] [--log-level LEVEL] COMMAND
   pod add    --netns PATH [--id NAME] [--dns-capture on|off]
              [--inbound-capture on|off] [--reroute-iface IFNAME]...
              [--node-netns PATH] [--ip ADDR]...
@@ -61,7 +61,12 @@ global options:
                     when sluiced answers there for the same bpffs root, the
                     command goes through it; otherwise sluicectl acts on the
                     pinned state itself (serialized with the agent by a lock)
-  --tc-mode MODE    auto (tcx when the kernel has it), tcx, or legacy (clsact)
+  --capture MODE    where pods are captured: auto (at the socket when the
+                    kernel has the hooks), socket, or tc
+  --tc-mode MODE    TC attach: auto (tcx when the kernel has it), tcx, or
+                    legacy (clsact)
+  --cgroup DIR      the cgroup v2 directory the socket mode's node hooks
+                    attach at (default: the root of the cgroup v2 hierarchy)
   --log-level LVL   trace, debug, info, warn (default), error, off
 
 PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net); --id defaults to
@@ -98,6 +103,13 @@ Result<Command> parse(const std::vector<std::string>& argv) {
       auto m = parseTcMode(*v);
       SLUICE_TRY(m);
       cmd.tcMode = *m;
+    } else if (flag == "--capture") {
+      auto m = parseCaptureMode(*v);
+      SLUICE_TRY(m);
+      cmd.capture = *m;
+    } else if (flag == "--cgroup") {
+      if (v->empty() || (*v)[0] != '/') return usageError("--cgroup needs an absolute path");
+      cmd.cgroupPath = *v;
     } else if (flag == "--log-level") {
       if (spdlog::level::from_str(*v) == spdlog::level::off && *v != "off")
         return usageError("invalid --log-level '" + *v + "'");
@@ -204,13 +216,14 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
     return arr.dump(2) + "\n";
   }
   // Columns as wide as their widest cell: netns paths and pod names vary.
-  std::vector<std::vector<std::string>> rows = {{"ID", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "CAPTURE", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
     std::string handoff = handoffStateName(p.handoff);
     if (p.handoff == HandoffState::Failed) handoff += ": " + p.handoffError;
-    rows.push_back({p.id, p.tcMode, p.dnsCapture ? "on" : "off", p.inboundCapture ? "on" : "off", ifs,
+    rows.push_back({p.id, p.capture, p.capture == "socket" && p.interfaces.empty() ? "-" : p.tcMode, p.dnsCapture ? "on" : "off", p.inboundCapture ? "on" : "off", ifs,
                     p.identity.name.empty() ? "-" : p.identity.ns + "/" + p.identity.name,
                     p.identity.uid.empty() ? "-" : p.identity.uid, p.netnsPath, handoff});
   }
@@ -264,8 +277,25 @@ std::vector<StatusRow> statusRows(const FeatureReport& r) {
       {"tcx", "tcx links", &r.tcx, "pinned attachments that outlive sluicectl (Linux 6.6); else clsact + cls_bpf"},
       {"tcx_link_update", "tcx link update", &r.tcxLinkUpdate, "atomic program replacement on a tcx link"},
       {"reuseport_assign", "reuseport assignment", &r.reuseportAssign,
-       "SO_REUSEPORT proxy listeners (ztunnel's default) receive redirected traffic (Linux 6.6)"},
+       "TC mode: SO_REUSEPORT proxy listeners (ztunnel's default) receive redirected traffic (Linux 6.6)"},
+      {"cgroup2", "cgroup v2", &r.cgroup2, "socket mode: its node hooks attach to a cgroup v2"},
+      {"socket_hooks", "socket hooks", &r.socketHooks,
+       "socket mode: capture at connect() and at the socket lookup, any listener (Linux 5.17)"},
   };
+}
+
+// What --capture resolves to here, and why.
+std::pair<CaptureMode, std::string> resolvedCapture(const FeatureReport& r, CaptureMode requested) {
+  std::string why = socketUnavailableReason(r);
+  switch (requested) {
+    case CaptureMode::Auto:
+      return {r.autoCapture(), why.empty() ? "auto: the kernel has the socket hooks" : "auto: " + why};
+    case CaptureMode::Socket:
+      return {CaptureMode::Socket, why.empty() ? "forced" : "forced, but " + why + ": pod add will fail"};
+    case CaptureMode::Tc:
+      return {CaptureMode::Tc, "forced"};
+  }
+  return {CaptureMode::Tc, ""};
 }
 
 // What --tc-mode resolves to here, and an explanation when it cannot work.
@@ -310,9 +340,14 @@ std::string describeZtunnel(const ProxyStatus& p) {
 
 }  // namespace
 
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy) {
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy,
+                         CaptureMode capture) {
   Status minimum = checkMinimumFeatures(r);
   auto [mode, modeWhy] = resolvedTcMode(r, requested);
+  auto [captured, captureWhy] = resolvedCapture(r, capture);
+  // The socket mode hands connections to any listener; the TC mode needs
+  // bpf_sk_assign of reuseport sockets.
+  const bool reuseport = captured == CaptureMode::Socket || r.reuseportAssign.present;
   if (json) {
     nlohmann::json features = nlohmann::json::object();
     for (const auto& row : statusRows(r))
@@ -321,9 +356,11 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
         {"kernel", {{"release", r.release}, {"version", r.version.str()}}},
         {"supported", minimum.ok()},
         {"error", minimum.ok() ? nlohmann::json(nullptr) : nlohmann::json(minimum.error().message)},
+        {"capture",
+         {{"requested", captureModeName(capture)}, {"effective", captureModeName(captured)}, {"why", captureWhy}}},
         {"tc_mode", {{"requested", tcModeName(requested)}, {"effective", mode}, {"why", modeWhy}}},
         {"pod_cookie", {{"method", podCookieMethodName(r.cookieMethod)}, {"why", r.cookieMethodHow}}},
-        {"reuseport_proxies", r.reuseportAssign.present},
+        {"reuseport_proxies", reuseport},
         {"features", features}};
     if (proxy) {
       nlohmann::json cgroups = nlohmann::json::array();
@@ -343,12 +380,11 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
   std::ostringstream o;
   o << "kernel             " << r.release << "\n";
   o << "supported          " << (minimum.ok() ? "yes" : "NO: " + minimum.error().message) << "\n";
+  o << "capture            " << captureModeName(captured) << " (" << captureWhy << ")\n";
   o << "attach mode        " << mode << " (" << modeWhy << ")\n";
   o << "pod cookie         " << podCookieMethodName(r.cookieMethod) << " (" << r.cookieMethodHow << ")\n";
   o << "reuseport proxies  "
-    << (r.reuseportAssign.present ? "yes"
-                                  : "NO: run the proxy without SO_REUSEPORT, or it receives no redirected traffic")
-    << "\n";
+    << (reuseport ? "yes" : "NO: run the proxy without SO_REUSEPORT, or it receives no redirected traffic") << "\n";
   if (proxy) {
     o << "node proxy         " << describeProxyIdentity(*proxy) << "\n";
     o << "ztunnel            " << describeZtunnel(*proxy) << "\n";
@@ -385,6 +421,7 @@ Backend agentBackend(const Command& cmd, agent::Client& client) {
       [&cmd, &client](const PodSpec& spec) {
         PodSpec s = spec;
         if (cmd.tcMode != TcMode::Auto) s.tcMode = cmd.tcMode;
+        if (cmd.capture != CaptureMode::Auto) s.capture = cmd.capture;
         return client.addPod(s);
       },
       [&client](const Command& c) -> Result<std::string> {
@@ -426,7 +463,7 @@ int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostrea
     case Verb::PodAdd: {
       auto info = b.add(cmd.pod);
       if (!info.ok()) return fail(info.error());
-      out << "pod " << info->id << " enrolled (" << info->tcMode << ")\n";
+      out << "pod " << info->id << " enrolled (" << (info->capture == "socket" ? "socket" : info->tcMode) << ")\n";
       return 0;
     }
     case Verb::PodRemove: {
@@ -486,7 +523,7 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
         proxy.ztunnelSocket = h->ztunnelSocket;
         proxy.ztunnelConnections = h->ztunnelConnections;
       }
-    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy);
+    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy, cmd.capture);
     Status minimum = checkMinimumFeatures(*features);
     return minimum.ok() ? 0 : fail(minimum.error());
   }
@@ -505,6 +542,8 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   DatapathOptions opts;
   opts.bpffsRoot = cmd.bpffsRoot;
   opts.tcMode = cmd.tcMode;
+  opts.capture = cmd.capture;
+  opts.cgroupPath = cmd.cgroupPath;
   auto dp = Datapath::open(opts);
   if (!dp.ok()) return fail(dp.error());
   return execute(cmd, directBackend(**dp), out, err);

@@ -19,6 +19,8 @@ struct Command {
   Verb verb = Verb::Help;
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
   TcMode tcMode = TcMode::Auto;
+  CaptureMode capture = CaptureMode::Auto;
+  std::string cgroupPath;  ///< --cgroup: where the socket mode's node hooks attach ("" : the cgroup v2 root)
   std::string logLevel = "warn";
   /// The agent's socket: used when an agent answers there for the same
   /// bpffs root; otherwise sluicectl works on the pinned state directly.
@@ -52,8 +54,8 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json);
 
 /// Renders the kernel feature report for `sluicectl status`: the kernel,
 /// each feature (yes/no, why sluice needs it, how it was decided), the
-/// attach mode `requested` resolves to, the pod-cookie method and whether
-/// SO_REUSEPORT proxies can be served.
+/// capture and attach mode the options resolve to, the pod-cookie method
+/// and whether SO_REUSEPORT proxies can be served.
 /// What `sluicectl status` shows of the node proxy: how its traffic is told
 /// apart (rule 5: the mark, and the proxy's cgroups once known) and its ZDS
 /// connections when an agent answers.
@@ -66,6 +68,8 @@ struct ProxyStatus {
   uint64_t ztunnelConnections = 0;
 };
 
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy = nullptr);
+/// @p capture is --capture: the capture it resolves to is shown with why.
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy = nullptr,
+                         CaptureMode capture = CaptureMode::Auto);
 
 }  // namespace sluice::cli
