@@ -835,6 +835,10 @@ Status icmpEcho(const TestNetns& ns, const std::string& dstIp, std::chrono::mill
 
 PodHarness::PodHarness(TcMode mode) : mode_(mode) {}
 
+PodHarness::PodHarness(TcMode mode, CaptureMode capture) : mode_(mode), capture_(capture) {}
+
+bool PodHarness::servesReuseport() const { return capture_ == CaptureMode::Socket || kernelAssignsReuseport(); }
+
 PodHarness::~PodHarness() {
   if (standIn_) standIn_->stop();
   if (dp_ && enrolled_) (void)dp_->removePod(podId_);
@@ -848,6 +852,7 @@ Status PodHarness::open() {
   DatapathOptions o;
   o.bpffsRoot = bpffs_.root();
   o.tcMode = mode_;
+  o.capture = capture_;
   auto dp = Datapath::open(o);
   SLUICE_TRY(dp);
   dp_ = std::move(*dp);
@@ -876,8 +881,9 @@ Status PodHarness::startStandIn(StandInConfig config) {
   if (standIn_) standIn_->stop();
   standIn_.reset();
   config.netnsPath = pod().path();
-  // ztunnel's default where it works; without it where it cannot (< 6.6).
-  config.reuseport = config.reuseport && kernelAssignsReuseport();
+  // ztunnel's default where the capture serves it; without it where it
+  // cannot (TC before 6.6).
+  config.reuseport = config.reuseport && servesReuseport();
   auto s = ProxyStandIn::start(config);
   SLUICE_TRY(s);
   standIn_ = std::move(*s);
@@ -930,6 +936,12 @@ std::string tcModeUnsupported(TcMode m) {
   auto f = kernelFeatures();
   if (!f.ok() || f->tcx.present) return "";  // a failed probe: let the test fail on its own
   return "kernel " + f->release + " has no tcx (Linux 6.6+): " + f->tcx.how;
+}
+
+std::string socketCaptureUnsupported() {
+  auto f = kernelFeatures();
+  if (!f.ok()) return "";  // a failed probe: let the test fail on its own
+  return socketUnavailableReason(*f);
 }
 
 bool kernelAssignsReuseport() {

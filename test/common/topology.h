@@ -373,7 +373,10 @@ class PodTopology {
 /// the Datapath, the namespaces, and last the bpffs root.
 class PodHarness {
  public:
+  /// Captured at TC, attached in @p mode.
   explicit PodHarness(TcMode mode);
+  /// Captured as @p capture says (TC hooks, if any, attached in @p mode).
+  PodHarness(TcMode mode, CaptureMode capture);
   ~PodHarness();
   PodHarness(const PodHarness&) = delete;
   PodHarness& operator=(const PodHarness&) = delete;
@@ -408,9 +411,15 @@ class PodHarness {
   TestNetns& node() { return topo_.node(); }
   TestNetns& pod() { return topo_.pod(); }
   TcMode mode() const { return mode_; }
+  CaptureMode capture() const { return capture_; }
+  /// Whether the pod's capture can hand connections to SO_REUSEPORT
+  /// listeners here (the socket mode on any kernel, TC from Linux 6.6):
+  /// startStandIn leaves ztunnel's SO_REUSEPORT on exactly then.
+  bool servesReuseport() const;
 
  private:
   TcMode mode_;
+  CaptureMode capture_ = CaptureMode::Tc;
   TestBpffs bpffs_;
   PodTopology topo_;
   std::unique_ptr<Datapath> dp_;
@@ -424,6 +433,10 @@ std::string describe(const std::vector<ProxyEvent>& events);
 
 /// "tcx" / "legacy", for test names.
 inline const char* modeName(TcMode m) { return m == TcMode::Legacy ? "legacy" : m == TcMode::Tcx ? "tcx" : "auto"; }
+
+/// Why this kernel cannot capture at the socket, or "" when it can. Tests
+/// skip with this reason (GTEST_SKIP).
+std::string socketCaptureUnsupported();
 
 /// Why this kernel cannot run a test in mode @p m (tcx before Linux 6.6),
 /// or "" when it can. Tests skip with this reason (GTEST_SKIP), so a run on
