@@ -27,9 +27,17 @@ const char* caseName(CaseKind k) {
     case CaseKind::SluiceTcx: return "sluice-tcx";
     case CaseKind::SluiceLegacy: return "sluice-legacy";
     case CaseKind::TcMinimal: return "tc-minimal";
+    case CaseKind::SluiceSocket: return "sluice-socket";
   }
   return "?";
 }
+
+namespace {
+std::string gSocketHookCgroup;
+}  // namespace
+
+void setSocketHookCgroup(const std::string& path) { gSocketHookCgroup = path; }
+const std::string& socketHookCgroup() { return gSocketHookCgroup; }
 
 bool caseRuns(CaseKind k, const std::string& workload) { return k != CaseKind::TcMinimal || workload != "dns"; }
 
@@ -59,7 +67,9 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
   sc.netnsFd = env->podFd_.get();
   sc.cpu = sinkCpu;
   sc.dnsAnswer = kDnsAnswer;
-  sc.method = isIptables(kind) ? OrigDstMethod::SoOriginalDst : OrigDstMethod::GetSockName;
+  sc.method = isIptables(kind)                  ? OrigDstMethod::SoOriginalDst
+              : kind == CaseKind::SluiceSocket ? OrigDstMethod::Ztunnel
+                                               : OrigDstMethod::GetSockName;
   if (kind == CaseKind::Floor) {
     sc.outbound = {kAnyIpNet, 15001};
     sc.inbound = {kAnyIpNet, 15006};
@@ -72,11 +82,13 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
     if (!rules) return Error::msg(what + "no rule files");
     auto t = applyIstioRules(env->podFd_.get(), kind == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy, *rules);
     if (!t.ok()) return Error::msg(what + t.error().message);
-  } else if (isTproxyStyle(kind)) {
+  } else if (isTproxyStyle(kind) || kind == CaseKind::SluiceSocket) {
     env->bpffs_ = std::make_unique<sluice::test::TestBpffs>();
     DatapathOptions o;
     o.bpffsRoot = env->bpffs_->root();
     o.tcMode = kind == CaseKind::SluiceLegacy ? TcMode::Legacy : TcMode::Tcx;
+    o.capture = kind == CaseKind::SluiceSocket ? CaptureMode::Socket : CaptureMode::Tc;
+    o.cgroupPath = socketHookCgroup();
     auto dp = Datapath::open(o);
     if (!dp.ok()) return Error::msg(what + "Datapath::open: " + dp.error().message);
     env->dp_ = std::move(*dp);
@@ -159,6 +171,21 @@ std::vector<CaseProgram> CaseEnv::programs() {
             {kEmptyProgramName, empty_.get()}};
   if (!dp_) return {};
   PodPrograms& p = dp_->programs();
+  if (kind_ == CaseKind::SluiceSocket) {
+    const SocketPrograms& s = p.socketPrograms();
+    // The pod's own sk_lookup program: its run time includes the shared
+    // program it tail-calls.
+    if (!lookup_.valid()) {
+      Fd link(bpf_obj_get((bpffs_->linkDir(podId_) + "/sk_lookup").c_str()));
+      bpf_link_info info{};
+      __u32 len = sizeof(info);
+      if (link.valid() && bpf_obj_get_info_by_fd(link.get(), &info, &len) == 0)
+        lookup_ = Fd(bpf_prog_get_fd_by_id(info.prog_id));
+    }
+    return {{"connect4", s.connect4},       {"sockops", s.sockops},        {"getsockopt", s.getsockopt},
+            {"getpeername4", s.getpeername4}, {"sendmsg4", s.sendmsg4},    {"recvmsg4", s.recvmsg4},
+            {"skb_ingress", s.skbIngress},  {"skb_egress", s.skbEgress},   {"sk_lookup (pod)", lookup_.get()}};
+  }
   return {{"pod_egress", p.egressFd()}, {"pod_ingress", p.ingressFd()}, {"pod_lo_egress", p.loEgressFd()}};
 }
 
@@ -221,6 +248,16 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
       fails.push_back(how + ": expected REDIRECT to " + c.redirectedTo + " with SO_ORIGINAL_DST " + want);
     if (isTproxyStyle(kind_) && (seen->local != want || !seen->soOriginalDst.empty()))
       fails.push_back(how + ": expected TPROXY-style delivery (local address " + want + ", no conntrack NAT)");
+    if (kind_ == CaseKind::SluiceSocket) {
+      // Outbound: connect() was sent to the proxy at the pod's address and
+      // SO_ORIGINAL_DST answers; inbound: the socket lookup handed the
+      // connection over with its addresses (no NAT, no SO_ORIGINAL_DST).
+      bool out = std::string(c.listener) == "outbound";
+      if (out && (seen->local != "10.200.0.2:15001" || seen->soOriginalDst != want))
+        fails.push_back(how + ": expected connect() sent to 10.200.0.2:15001 with SO_ORIGINAL_DST " + want);
+      if (!out && (seen->local != want || !seen->soOriginalDst.empty()))
+        fails.push_back(how + ": expected the socket lookup's hand-over (local address " + want + ")");
+    }
     if (floor && seen->local != want) fails.push_back(how + ": floor connection did not reach the proxy port directly");
   }
   sink_->setRecording(false);

@@ -13,6 +13,9 @@
 //   iptables-legacy  same, iptables-legacy-restore      same                     SO_ORIGINAL_DST
 //   sluice-tcx       Datapath, tcx links                same                     getsockname
 //   sluice-legacy    Datapath, clsact + cls_bpf         same                     getsockname
+//   sluice-socket    Datapath, captured at the socket   same                     SO_ORIGINAL_DST, else
+//                    (cgroup hooks at the bench's own                            getsockname (ztunnel's
+//                    cgroup, sk_lookup in the pod)                               order)
 //   tc-minimal       sluice-tcx's enrollment with       same (no DNS)            getsockname
 //                    minimal_tc.bpf.c's programs swapped
 //                    into its links: the mechanism alone
@@ -37,16 +40,27 @@ struct minimal_tc;  // minimal_tc.skel.h (tc-minimal's programs)
 
 namespace sluice::bench {
 
-enum class CaseKind { Floor, Iptables, IptablesLegacy, SluiceTcx, SluiceLegacy, TcMinimal };
-inline constexpr CaseKind kAllCases[] = {CaseKind::Floor,     CaseKind::Iptables,     CaseKind::IptablesLegacy,
-                                         CaseKind::SluiceTcx, CaseKind::SluiceLegacy, CaseKind::TcMinimal};
+enum class CaseKind { Floor, Iptables, IptablesLegacy, SluiceTcx, SluiceLegacy, TcMinimal, SluiceSocket };
+inline constexpr CaseKind kAllCases[] = {CaseKind::Floor,        CaseKind::Iptables,  CaseKind::IptablesLegacy,
+                                         CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy,
+                                         CaseKind::TcMinimal};
 
 const char* caseName(CaseKind k);
 std::optional<CaseKind> parseCase(const std::string& s);
-inline bool isSluice(CaseKind k) { return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy; }
+inline bool isSluice(CaseKind k) {
+  return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy || k == CaseKind::SluiceSocket;
+}
+/// sluice captured at TC (its programs run per packet).
+inline bool isSluiceTc(CaseKind k) { return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy; }
 inline bool isIptables(CaseKind k) { return k == CaseKind::Iptables || k == CaseKind::IptablesLegacy; }
 /// Cases whose sink sees the original destination as its local address.
-inline bool isTproxyStyle(CaseKind k) { return isSluice(k) || k == CaseKind::TcMinimal; }
+inline bool isTproxyStyle(CaseKind k) { return isSluiceTc(k) || k == CaseKind::TcMinimal; }
+
+/// Where the socket mode's node hooks attach in this run: the bench's own
+/// cgroup (main.cpp's CgroupScope), so they see no other process's sockets.
+/// Empty: the cgroup v2 root.
+void setSocketHookCgroup(const std::string& path);
+const std::string& socketHookCgroup();
 /// tc-minimal redirects TCP only: it has no DNS figure.
 bool caseRuns(CaseKind k, const std::string& workload);
 
@@ -109,6 +123,7 @@ class CaseEnv {
   std::unique_ptr<Sink> sink_;
   std::shared_ptr<::minimal_tc> minimal_;
   Fd empty_;
+  Fd lookup_;  ///< sluice-socket: the pod's sk_lookup program
 };
 
 }  // namespace sluice::bench

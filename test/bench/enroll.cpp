@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "loader/netns.h"
+#include "loader/sock_hooks.h"
 #include "loader/tc.h"
 #include "test/common/agent_process.h"
 #include "userspace/standin/node_proxy.h"
@@ -152,7 +153,9 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       p->bpffs = std::make_unique<sluice::test::TestBpffs>();
       DatapathOptions o;
       o.bpffsRoot = p->bpffs->root();
-      o.tcMode = k == CaseKind::SluiceTcx ? TcMode::Tcx : TcMode::Legacy;
+      o.tcMode = k == CaseKind::SluiceLegacy ? TcMode::Legacy : TcMode::Tcx;
+      o.capture = k == CaseKind::SluiceSocket ? CaptureMode::Socket : CaptureMode::Tc;
+      o.cgroupPath = socketHookCgroup();
       auto dp = Datapath::open(o);
       if (!dp.ok()) {
         p->times.failures++;
@@ -215,7 +218,16 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
   for (auto& p : paths) {
     if (!p->farm || p->times.addMs.empty()) continue;
     PathTimes& t = p->times;
-    if (isSluice(t.kind)) {
+    if (t.kind == CaseKind::SluiceSocket) {
+      auto list = p->dp->listPods();
+      size_t socket = std::count_if(list.begin(), list.end(), [](const PodInfo& pi) { return pi.capture == "socket"; });
+      t.checks.push_back(std::to_string(list.size()) + " pods in the registry, " + std::to_string(socket) +
+                         " captured at the socket");
+      std::string pin = p->bpffs->linkDir(p->farm->name(0)) + "/sk_lookup";
+      bool attached = podSkLookupAttached(pin);
+      t.checks.push_back("pod 0: sk_lookup link " + pin + (attached ? " attached" : " NOT attached"));
+      t.verified = socket == t.addMs.size() && attached;
+    } else if (isSluice(t.kind)) {
       auto list = p->dp->listPods();
       size_t withEth0 = 0;
       for (const auto& pi : list)
@@ -315,7 +327,10 @@ CliResult runCliBench(int pods) {
   sluice::test::TestBpffs bpffs;
   std::vector<bool> added(static_cast<size_t>(pods), false);
   for (int i = 0; i < pods && !gStop; i++) {
-    auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "add", "--netns", (*farm)->path(i)});
+    std::vector<std::string> argv = {sluicectl(), "--bpffs", bpffs.root()};
+    if (!socketHookCgroup().empty()) argv.insert(argv.end(), {"--cgroup", socketHookCgroup()});
+    argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(i)});
+    auto r = spawnWait(argv);
     if (r.exitCode != 0) {
       fail(r.describe("sluicectl pod add"));
       continue;
@@ -360,8 +375,9 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
     TempDir tmp;
     std::string zds = tmp.path() + "/zds.sock", sock = tmp.path() + "/agent.sock";
     // The agent in the node netns (hostNetwork), as the DaemonSet runs it.
-    auto agent = sluice::test::AgentProcess::start(bpffs.root(), {"--ztunnel-socket", zds, "--log-level", "warn"}, sock,
-                                                   (*farm)->nodePath());
+    std::vector<std::string> agentArgs = {"--ztunnel-socket", zds, "--log-level", "warn"};
+    if (!socketHookCgroup().empty()) agentArgs.insert(agentArgs.end(), {"--cgroup", socketHookCgroup()});
+    auto agent = sluice::test::AgentProcess::start(bpffs.root(), agentArgs, sock, (*farm)->nodePath());
     if (!agent.ok()) {
       fail(agent.error().message);
       out.push_back(res);
@@ -378,10 +394,13 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
       json prev = {{"cniVersion", "1.0.0"},
                    {"interfaces", {{{"name", "eth0"}, {"sandbox", (*farm)->path(i)}}}},
                    {"ips", {{{"interface", 0}, {"address", PodFarm::address(i) + "/16"}}}}};
-      return json{{"cniVersion", "1.0.0"}, {"name", "bench"},   {"type", "sluice-cni"},
-                  {"agentSocket", sock},   {"tcMode", mode},    {"logLevel", "warn"},
-                  {"prevResult", prev}}
-          .dump();
+      json c{{"cniVersion", "1.0.0"}, {"name", "bench"}, {"type", "sluice-cni"}, {"agentSocket", sock},
+             {"logLevel", "warn"},     {"prevResult", prev}};
+      if (mode == "socket")
+        c["capture"] = "socket";
+      else
+        c["capture"] = "tc", c["tcMode"] = mode;
+      return c.dump();
     };
     auto env = [&](const char* cmd, int i) {
       return std::vector<std::string>{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("CNI_COMMAND=") + cmd,
@@ -479,9 +498,10 @@ std::vector<MapMem> mapMemory(const std::string& root) {
   return out;
 }
 
-ScaleResult runScaleBench(int pods) {
+ScaleResult runScaleBench(int pods, CaptureMode capture) {
   ScaleResult res;
   res.pods = pods;
+  res.mode = capture == CaptureMode::Socket ? "socket" : "tcx";
   auto fail = [&](const std::string& e) {
     res.failures++;
     if (res.firstError.empty()) res.firstError = e;
@@ -497,6 +517,8 @@ ScaleResult runScaleBench(int pods) {
   DatapathOptions o;
   o.bpffsRoot = bpffs.root();
   o.tcMode = TcMode::Tcx;
+  o.capture = capture;
+  o.cgroupPath = socketHookCgroup();
   auto dp = Datapath::open(o);
   if (!dp.ok()) {
     fail("Datapath::open: " + dp.error().message);
@@ -529,7 +551,10 @@ ScaleResult runScaleBench(int pods) {
 
   // The CLI with every pod enrolled: what an operator's `sluicectl` costs.
   if (!gStop) {
-    auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "add", "--netns", (*farm)->path(pods)});
+    std::vector<std::string> argv = {sluicectl(), "--bpffs", bpffs.root(), "--capture", capture == CaptureMode::Socket ? "socket" : "tc"};
+    if (!socketHookCgroup().empty()) argv.insert(argv.end(), {"--cgroup", socketHookCgroup()});
+    argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(pods)});
+    auto r = spawnWait(argv);
     if (r.exitCode != 0) fail(r.describe("sluicectl pod add"));
     res.cliAddMs = r.seconds * 1000;
     res.cliAddRssKb = r.maxRssKb;

@@ -71,7 +71,7 @@ CliResult runCliBench(int pods);
 /// AddWorkload and its ack from the node proxy stand-in, timed as whole
 /// processes. One agent and one stand-in per mode, pods in a PodFarm.
 struct HandOffResult {
-  std::string mode;  ///< the CNI config's tcMode: tcx / legacy
+  std::string mode;  ///< socket (the CNI config's capture), or tcx / legacy (its tcMode)
   std::vector<double> addMs, removeMs;
   long addMaxRssKb = 0;
   uint64_t failures = 0;
@@ -91,6 +91,7 @@ std::vector<MapMem> mapMemory(const std::string& root);
 uint64_t fdinfoMemlock(int fd);
 
 struct ScaleResult {
+  std::string mode;  ///< "tcx" | "socket"
   int pods = 0;
   std::vector<double> addMs, removeMs;
   long rssBeforeKb = 0, rssAfterOpenKb = 0, rssAfterPodsKb = 0;
@@ -103,6 +104,7 @@ struct ScaleResult {
   std::string firstError;
   bool verified = false;
 };
-ScaleResult runScaleBench(int pods);
+/// @p pods pods enrolled in one Datapath captured as @p capture (TC: tcx).
+ScaleResult runScaleBench(int pods, CaptureMode capture);
 
 }  // namespace sluice::bench

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "test/bench/bpfstats.h"
+#include "test/common/cgroup_scope.h"
 #include "test/bench/results.h"
 #include "test/bench/util.h"
 
@@ -451,14 +452,14 @@ void bpfPhase(Results& res, const IstioRules* rules) {
   const Config& c = res.cfg;
   std::vector<CaseKind> kinds;
   for (CaseKind k : c.cases)
-    if (isTproxyStyle(k)) kinds.push_back(k);
+    if (isTproxyStyle(k) || k == CaseKind::SluiceSocket) kinds.push_back(k);
   if (kinds.empty()) return;
   res.bpfStatsBefore = bpfStatsSysctl();
   auto envs = buildEnvs(kinds, rules, res, false, false);
   // BPF_PROG_TEST_RUN first, without run-time stats (they would add to it).
   for (auto& env : envs) {
     if (gStop) break;
-    if (!isSluice(env->kind())) continue;
+    if (!isSluiceTc(env->kind())) continue;  // the socket programs run per socket call, not per packet
     res.micro[env->kind()] = runMicro(*env, c.microRuns);
     std::cerr << "  test_run micro " << env->name() << " done\n";
   }
@@ -519,6 +520,18 @@ int main(int argc, char** argv) {
     if (!st.ok()) std::cerr << "sluice-bench: " << st.error().message << " (kernel default slice used)\n";
   }
   sweepStaleNamespaces();
+  // The socket mode's node hooks go to a cgroup of the bench's own: they
+  // then see only its sockets (no other process pays for them, and their
+  // BPF statistics count only the bench's traffic).
+  std::optional<sluice::test::CgroupScope> scope;
+  if (res.cfg.hasCase(CaseKind::SluiceSocket)) {
+    scope.emplace("bench");
+    if (!scope->ok()) {
+      std::cerr << "sluice-bench: a cgroup of its own for the socket mode's hooks: " << scope->error() << "\n";
+      return 1;
+    }
+    setSocketHookCgroup(scope->path());
+  }
   auto t0 = Clock::now();
   res.machine = machineInfo();
   const Config& c = res.cfg;
@@ -556,9 +569,11 @@ int main(int argc, char** argv) {
   }
   // Scale before enroll: "pod 1" is then timed on a node without hundreds of
   // namespaces (their /proc/sys entries slow the loader's sysctl accesses).
-  if (c.hasPhase("scale") && c.hasCase(CaseKind::SluiceTcx) && !gStop) {
-    std::cerr << "scale: " << c.scalePods << " pods\n";
-    res.scale = runScaleBench(c.scalePods);
+  for (CaseKind k : {CaseKind::SluiceSocket, CaseKind::SluiceTcx}) {
+    if (!c.hasPhase("scale") || !c.hasCase(k) || gStop) continue;
+    std::cerr << "scale: " << c.scalePods << " pods (" << caseName(k) << ")\n";
+    res.scales.push_back(
+        runScaleBench(c.scalePods, k == CaseKind::SluiceSocket ? sluice::CaptureMode::Socket : sluice::CaptureMode::Tc));
     settle("scale");
   }
   if (c.hasPhase("enroll") && !gStop) {
@@ -571,6 +586,7 @@ int main(int argc, char** argv) {
       settle("sluicectl");
     }
     std::vector<std::string> modes;
+    if (c.hasCase(CaseKind::SluiceSocket)) modes.push_back("socket");
     if (c.hasCase(CaseKind::SluiceTcx)) modes.push_back("tcx");
     if (c.hasCase(CaseKind::SluiceLegacy)) modes.push_back("legacy");
     if (!modes.empty() && !gStop) {

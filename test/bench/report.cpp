@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <iomanip>
 #include <set>
 #include <sstream>
@@ -24,6 +25,7 @@ const char* shortName(CaseKind k) {
     case CaseKind::SluiceTcx: return "tcx";
     case CaseKind::SluiceLegacy: return "legacy";
     case CaseKind::TcMinimal: return "minimal";
+    case CaseKind::SluiceSocket: return "socket";
   }
   return "?";
 }
@@ -36,6 +38,7 @@ const char* color(CaseKind k) {
     case CaseKind::SluiceTcx: return "#1f77b4";
     case CaseKind::SluiceLegacy: return "#9ecae1";
     case CaseKind::TcMinimal: return "#2ca02c";
+    case CaseKind::SluiceSocket: return "#9467bd";
   }
   return "#000";
 }
@@ -152,7 +155,8 @@ bool Results::verified() const {
   if (cli && cli->failures) return false;
   for (const auto& h : handoff)
     if (h.failures || !h.verified) return false;
-  if (scale && (scale->failures || !scale->verified)) return false;
+  for (const auto& s : scales)
+    if (s.failures || !s.verified) return false;
   return true;
 }
 
@@ -167,6 +171,52 @@ double slicePercentile(const std::vector<double>& v, size_t from, size_t to, dou
 }
 
 // ---- Targets ------------------------------------------------------------------------
+
+namespace {
+
+using AddTarget = std::function<void(const std::string&, const std::string&, double, const std::string&, bool)>;
+using RatioFn = std::function<double(const Metric*, CaseKind, CaseKind)>;
+using BothFn = std::function<std::string(double, double)>;
+
+// Issue 16's targets, for every sluice case measured: the socket mode is
+// what they were set for, the TC modes stand beside it for comparison.
+void issue16Targets(Results& r, const AddTarget& add, const RatioFn& medRatio, const BothFn& both) {
+  for (CaseKind s : {CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy}) {
+    if (!r.cfg.hasCase(s)) continue;
+    const std::string sn = caseName(s);
+    auto floorRatio = [&](const char* key, double goal, bool atLeast) {
+      const Metric* m = r.metric(key);
+      if (!m) return;
+      double v = m->ratio(s, CaseKind::Floor), mv = medRatio(m, s, CaseKind::Floor);
+      bool met = atLeast ? v >= goal && mv >= goal : v <= goal && mv <= goal;
+      add(sn + " " + m->label, std::string(atLeast ? "≥ " : "≤ ") + fmtNum(goal) + " × floor", v, both(v, mv), met);
+    };
+    floorRatio("conn_out.rate", 0.98, true);
+    if (const Metric* m = r.metric("conn_out.rate")) {
+      double v = m->ratio(s, CaseKind::Iptables), mv = medRatio(m, s, CaseKind::Iptables);
+      add(sn + " " + m->label, "≥ 1.45 × iptables", v, both(v, mv), v >= 1.45 && mv >= 1.45);
+    }
+    floorRatio("conn_in.rate", 0.98, true);
+    floorRatio("dns.qps", 0.95, true);
+    floorRatio("rr_out.p99", 1.02, false);
+    floorRatio("rr_in.p99", 1.02, false);
+    if (s == CaseKind::SluiceSocket) {
+      if (const PathTimes* p = path(r, s)) {
+        Dist d = dist(p->addMs);
+        add(sn + " pod enroll p99 (in process)", "≤ 1 ms", d.p99, fmtNum(d.p99) + " ms (p50 " + fmtNum(d.p50) + ")",
+            d.p99 <= 1.0);
+      }
+      for (const auto& h : r.handoff)
+        if (h.mode == "socket") {
+          Dist d = dist(h.addMs);
+          add(sn + " pod enroll p99 via sluice-cni -> agent -> ZDS ack (process)", "≤ 5 ms", d.p99,
+              fmtNum(d.p99) + " ms (p50 " + fmtNum(d.p50) + ")", d.p99 <= 5.0);
+        }
+    }
+  }
+}
+
+}  // namespace
 
 void evaluateTargets(Results& r) {
   r.targets.clear();
@@ -279,15 +329,17 @@ void evaluateTargets(Results& r) {
       }
     }
   }
-  if (r.scale && !r.scale->addMs.empty()) {
-    const auto& a = r.scale->addMs;
+  for (const auto& sc : r.scales) {
+    const auto& a = sc.addMs;
+    if (a.empty()) continue;
     size_t g = std::min<size_t>(100, std::max<size_t>(1, a.size() / 5));
     double first = sliceMedian(a, 0, g), last = sliceMedian(a, a.size() - g, a.size());
     double v = last / first;
-    add("sluice-tcx enroll time at pod " + std::to_string(a.size()) + " vs pod 1 (median of " + std::to_string(g) +
-            ")",
+    add("sluice-" + sc.mode + " enroll time at pod " + std::to_string(a.size()) + " vs pod 1 (median of " +
+            std::to_string(g) + ")",
         "≤ 1.5 ×", v, fmtNum(last) + " vs " + fmtNum(first) + " ms (" + ratioText(v) + ")", v <= 1.5);
   }
+  issue16Targets(r, add, medRatio, both);
 }
 
 // ---- Table ----------------------------------------------------------------------------
@@ -325,7 +377,7 @@ void printReport(const Results& r, std::ostream& out) {
     out << pad("metric", 32, false) << pad("unit", 8, false);
     for (CaseKind k : cols) out << pad(caseName(k), 16);
     std::vector<std::pair<CaseKind, CaseKind>> ratios;
-    for (CaseKind s : {CaseKind::SluiceTcx, CaseKind::SluiceLegacy})
+    for (CaseKind s : {CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy})
       for (CaseKind b : {CaseKind::Iptables, CaseKind::Floor})
         if (c.hasCase(s) && c.hasCase(b)) ratios.push_back({s, b});
     for (auto [s, b] : ratios) out << pad(std::string(shortName(s)) + "/" + shortName(b), 14);
@@ -446,7 +498,7 @@ void printReport(const Results& r, std::ostream& out) {
       if (h.failures) out << "    ! " << h.failures << " failure(s), first: " << h.firstError << "\n";
     }
     const PathTimes* ipt = path(r, CaseKind::Iptables);
-    for (CaseKind s : {CaseKind::SluiceTcx, CaseKind::SluiceLegacy}) {
+    for (CaseKind s : {CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy}) {
       const PathTimes* p = path(r, s);
       if (!p || !ipt || p->addMs.empty() || ipt->addMs.empty()) continue;
       Dist a = dist(p->addMs), ai = dist(ipt->addMs), d = dist(p->removeMs), di = dist(ipt->removeMs);
@@ -457,11 +509,10 @@ void printReport(const Results& r, std::ostream& out) {
     out << "\n";
   }
 
-  if (r.scale) {
-    const auto& s = *r.scale;
+  for (const auto& s : r.scales) {
     size_t n = s.addMs.size();
     size_t g = std::min<size_t>(100, std::max<size_t>(1, n / 5));
-    out << "Scale: " << s.pods << " pods enrolled in one Datapath (tcx), ms\n";
+    out << "Scale: " << s.pods << " pods enrolled in one Datapath (" << s.mode << "), ms\n";
     if (n >= g) {
       out << "  enroll  first " << g << ": p50 " << fmtNum(sliceMedian(s.addMs, 0, g)) << " p99 "
           << fmtNum(slicePercentile(s.addMs, 0, g, 99)) << "; last " << g << ": p50 "
@@ -495,7 +546,7 @@ void printReport(const Results& r, std::ostream& out) {
   }
 
   if (!r.targets.empty()) {
-    out << "Targets (issue 5; reported, not asserted)\n";
+    out << "Targets (issues 5 and 16; reported, not asserted)\n";
     for (const auto& t : r.targets)
       out << "  [" << (t.met == 1 ? " met " : t.met == 0 ? "MISSED" : " n/a ") << "] " << pad(t.name, 58, false)
           << pad(t.goal, 20, false) << t.value << "\n";
@@ -566,7 +617,7 @@ std::string toJson(const Results& r) {
       per[caseName(k)] = {{"median", num(m.median(k))}, {"rounds", rounds}};
     }
     json ratios = json::object(), medRatios = json::object();
-    for (CaseKind s : {CaseKind::SluiceTcx, CaseKind::SluiceLegacy})
+    for (CaseKind s : {CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy})
       for (CaseKind b : {CaseKind::Iptables, CaseKind::IptablesLegacy, CaseKind::Floor})
         if (c.hasCase(s) && c.hasCase(b)) {
           std::string name = std::string(caseName(s)) + "/" + caseName(b);
@@ -636,8 +687,8 @@ std::string toJson(const Results& r) {
                       {"add_max_rss_kb", r.cli->addMaxRssKb}, {"remove_max_rss_kb", r.cli->removeMaxRssKb},
                       {"failures", r.cli->failures},     {"first_error", r.cli->firstError}};
   }
-  if (r.scale) {
-    const auto& s = *r.scale;
+  json scales = json::array();
+  for (const auto& s : r.scales) {
     auto maps = [](const std::vector<MapMem>& v) {
       json a = json::array();
       for (const auto& m : v)
@@ -645,7 +696,8 @@ std::string toJson(const Results& r) {
       return a;
     };
     size_t n = s.addMs.size(), g = std::min<size_t>(100, std::max<size_t>(1, n / 5));
-    j["scale"] = {{"pods", s.pods},
+    scales.push_back({{"mode", s.mode},
+                  {"pods", s.pods},
                   {"group", g},
                   {"add_first_p50_ms", num(sliceMedian(s.addMs, 0, g))},
                   {"add_first_p99_ms", num(slicePercentile(s.addMs, 0, g, 99))},
@@ -668,8 +720,9 @@ std::string toJson(const Results& r) {
                     {"remove_max_rss_kb", s.cliRemoveRssKb}}},
                   {"failures", s.failures},
                   {"first_error", s.firstError},
-                  {"verified", s.verified}};
+                  {"verified", s.verified}});
   }
+  if (!scales.empty()) j["scale"] = scales;
   json targets = json::array();
   for (const auto& t : r.targets)
     targets.push_back({{"name", t.name}, {"goal", t.goal}, {"value", t.value},

@@ -96,7 +96,7 @@ struct Results {
   std::optional<EnrollResult> enroll;
   std::optional<CliResult> cli;
   std::vector<HandOffResult> handoff;  ///< sluice-cni -> agent -> ZDS ack, per mode
-  std::optional<ScaleResult> scale;
+  std::vector<ScaleResult> scales;  ///< one per capture mode
   std::vector<Target> targets;
   std::vector<std::string> errors;  ///< phase-level failures
   std::vector<std::string> roundLoad;  ///< load average when each round started

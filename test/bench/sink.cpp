@@ -210,16 +210,17 @@ void Sink::acceptAll(int lfd, bool outbound) {
     sockaddr_in so{};
     socklen_t soLen = sizeof(so);
     bool soOk = false;
-    if (cfg_.method == OrigDstMethod::SoOriginalDst || recording_.load(std::memory_order_relaxed)) {
+    if (cfg_.method != OrigDstMethod::GetSockName || recording_.load(std::memory_order_relaxed)) {
       soOk = ::getsockopt(c, SOL_IP, SO_ORIGINAL_DST, &so, &soLen) == 0;
       if (!soOk) soErr = errno;
     }
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
     bool localOk = false;
-    if (cfg_.method == OrigDstMethod::GetSockName || recording_.load(std::memory_order_relaxed))
+    if (cfg_.method == OrigDstMethod::GetSockName || (cfg_.method == OrigDstMethod::Ztunnel && !soOk) ||
+        recording_.load(std::memory_order_relaxed))
       localOk = ::getsockname(c, reinterpret_cast<sockaddr*>(&local), &llen) == 0;
-    if (cfg_.method == OrigDstMethod::SoOriginalDst) {
+    if (cfg_.method == OrigDstMethod::SoOriginalDst || (cfg_.method == OrigDstMethod::Ztunnel && soOk)) {
       have = soOk;
       od = so;
     } else {

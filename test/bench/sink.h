@@ -26,7 +26,10 @@
 
 namespace sluice::bench {
 
-enum class OrigDstMethod { GetSockName, SoOriginalDst };
+/// How the sink reads an accepted connection's original destination:
+/// getsockname (TPROXY-style delivery), SO_ORIGINAL_DST (REDIRECT), or as
+/// ztunnel does, SO_ORIGINAL_DST and getsockname when that fails.
+enum class OrigDstMethod { GetSockName, SoOriginalDst, Ztunnel };
 
 /// The original destinations one listener must see: (net | K):port with K
 /// in 1..250; net is a /24 in host byte order.
