@@ -504,8 +504,9 @@ static __always_inline int sockops_listen(struct bpf_sock_ops *ops)
 {
 	const struct sluice_settings *cfg = settings_get();
 	struct bpf_sock *sk = ops->sk;
-	struct sluice_listener_key k;
+	struct sluice_sock_listener_key k;
 	__u32 port = ops->local_port;
+	int i;
 
 	if (!cfg || !sk || port != cfg->inbound_port)
 		return 1;
@@ -515,7 +516,13 @@ static __always_inline int sockops_listen(struct bpf_sock_ops *ops)
 	k.netns_cookie = bpf_get_netns_cookie(ops);
 	k.port = port;
 	k.family = ops->family;
-	bpf_sock_hash_update(ops, &sock_listeners, &k, BPF_ANY);
+	/* The first free slot (an insert refused as existing moves on). */
+#pragma unroll
+	for (i = 0; i < SLUICE_LISTENER_SLOTS; i++) {
+		k.slot = i;
+		if (bpf_sock_hash_update(ops, &sock_listeners, &k, BPF_NOEXIST) == 0)
+			break;
+	}
 	return 1;
 }
 
@@ -556,17 +563,34 @@ static __always_inline int is_proxy_conn(struct bpf_sk_lookup *ctx, __u64 cookie
 	return bpf_map_lookup_elem(&proxy_conns, &k) != 0;
 }
 
-/* The proxy's listener on port for a connection of family, counting a
- * dual-stack one for IPv4. */
-static __always_inline struct bpf_sock *proxy_listener(__u64 cookie, __u16 port, __u32 family)
+/* Hands the connection to the proxy's listener on port: the first slot
+ * filled, sockets of the connection's family first, then (IPv4) dual-stack
+ * ones. 0 when handed over. */
+static __always_inline long to_proxy_listener(struct bpf_sk_lookup *ctx, __u64 cookie, __u16 port)
 {
-	struct sluice_listener_key k = { .netns_cookie = cookie, .port = port, .family = family };
-	struct bpf_sock *sk = bpf_map_lookup_elem(&sock_listeners, &k);
+	struct sluice_sock_listener_key k = { .netns_cookie = cookie, .port = port };
+	struct bpf_sock *sk;
+	long err = -1;
+	int f, i;
 
-	if (sk || family != AF_INET)
-		return sk;
-	k.family = AF_INET6;
-	return bpf_map_lookup_elem(&sock_listeners, &k);
+#pragma unroll
+	for (f = 0; f < 2; f++) {
+		if (f == 1 && ctx->family != AF_INET)
+			break;
+		k.family = f == 0 ? ctx->family : AF_INET6;
+#pragma unroll
+		for (i = 0; i < SLUICE_LISTENER_SLOTS; i++) {
+			k.slot = i;
+			sk = bpf_map_lookup_elem(&sock_listeners, &k);
+			if (!sk)
+				continue;
+			err = bpf_sk_assign(ctx, sk, 0);
+			bpf_sk_release(sk);
+			if (err == 0)
+				return 0;
+		}
+	}
+	return err;
 }
 
 static __always_inline int is_reroute_iface(const struct sluice_pod_sock *pod, __u32 ifindex)
@@ -597,11 +621,9 @@ int pod_sk_lookup(struct bpf_sk_lookup *ctx)
 	const struct sluice_settings *cfg;
 	const struct sluice_pod_sock *pod;
 	struct sluice_lookup_pod *lp;
-	struct bpf_sock *sk;
 	struct sa_addr x;
 	__u32 zero = 0;
 	__u64 cookie;
-	long err;
 
 	lp = bpf_map_lookup_elem(&sk_lookup_pod, &zero);
 	if (!lp)
@@ -641,12 +663,7 @@ int pod_sk_lookup(struct bpf_sk_lookup *ctx)
 	if (is_proxy_conn(ctx, cookie, &x))
 		return SK_PASS;
 
-	sk = proxy_listener(cookie, cfg->inbound_port, ctx->family); /* rule 6 */
-	if (!sk)
-		goto drop;
-	err = bpf_sk_assign(ctx, sk, 0);
-	bpf_sk_release(sk);
-	if (err)
+	if (to_proxy_listener(ctx, cookie, cfg->inbound_port)) /* rule 6 */
 		goto drop;
 	SLUICE_COUNT(cookie, inbound_conns);
 	return SK_PASS;
@@ -710,14 +727,37 @@ static __always_inline int raw_may_be_tcp(struct __sk_buff *skb)
 /*
  * Fail closed on raw sockets: connect() is where the socket mode captures
  * TCP, and a raw socket (CAP_NET_RAW, which containers have by default)
- * builds TCP without one. Its TCP leaving the pod is dropped and counted;
+ * builds TCP without one. The raw sockets apps of an enrolled pod open are
+ * tagged when created (the kernel's own, such as the TCP control socket
+ * that sends resets, are not: the hook runs only for sockets a process
+ * creates); TCP from a tagged one leaving the pod is dropped and counted.
  * ICMP (ping) and UDP from raw sockets pass, as the TC mode passes them.
- * Packet sockets (AF_PACKET) pass no cgroup hook, as they pass no netfilter
- * hook of Istio's: only the TC mode sees them.
+ * Raw sockets opened before their pod was enrolled are not tagged, and
+ * packet sockets (AF_PACKET) pass no cgroup hook (as they pass no netfilter
+ * hook of Istio's): only the TC mode sees those.
  */
+SEC("cgroup/sock_create")
+int pod_sock_create(struct bpf_sock *sk)
+{
+	struct sluice_sock_orig *o;
+	__u64 cookie;
+
+	if (sk->type != SOCK_RAW)
+		return 1;
+	cookie = bpf_get_netns_cookie(sk);
+	if (!bpf_map_lookup_elem(&pod_sock, &cookie))
+		return 1;
+	o = bpf_sk_storage_get(&sock_orig, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!o)
+		return 0; /* cannot be watched: refused (EPERM) */
+	o->kind = SLUICE_SOCK_RAW;
+	return 1;
+}
+
 SEC("cgroup_skb/egress")
 int pod_skb_egress(struct __sk_buff *skb)
 {
+	struct sluice_sock_orig *o;
 	struct bpf_sock *sk = skb->sk;
 	__u64 cookie;
 
@@ -726,11 +766,12 @@ int pod_skb_egress(struct __sk_buff *skb)
 	sk = bpf_sk_fullsock(sk);
 	if (!sk || sk->type != SOCK_RAW || skb->ifindex == SLUICE_LOOPBACK_IFINDEX)
 		return 1;
-	cookie = pod_cookie(skb);
-	if (!bpf_map_lookup_elem(&pod_sock, &cookie))
+	o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
+	if (!o || o->kind != SLUICE_SOCK_RAW)
 		return 1;
 	if (sk->protocol != IPPROTO_TCP && !raw_may_be_tcp(skb))
 		return 1;
+	cookie = pod_cookie(skb);
 	SLUICE_COUNT(cookie, dropped_pkts);
 	return 0;
 }

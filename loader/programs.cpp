@@ -90,7 +90,7 @@ Status PodPrograms::loadSocket(Skel* skel, int (*loadFn)(Skel*)) {
       bpf_program__fd(pr.pod_sendmsg6),     bpf_program__fd(pr.pod_recvmsg4),    bpf_program__fd(pr.pod_recvmsg6),
       bpf_program__fd(pr.pod_getpeername4), bpf_program__fd(pr.pod_getpeername6), bpf_program__fd(pr.pod_getsockopt),
       bpf_program__fd(pr.pod_sockops),      bpf_program__fd(pr.pod_skb_ingress), bpf_program__fd(pr.pod_skb_egress),
-      bpf_program__fd(pr.pod_sk_lookup),
+      bpf_program__fd(pr.pod_sk_lookup),    bpf_program__fd(pr.pod_sock_create),
   };
   auto& m = skel->maps;
   SLUICE_TRY(bindMap(m.pod_sock, podSock));

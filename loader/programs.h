@@ -29,6 +29,7 @@ struct SocketPrograms {
   int sockops = -1;
   int skbIngress = -1, skbEgress = -1;
   int skLookup = -1;  ///< the shared program the pods' own sk_lookup programs tail-call
+  int sockCreate = -1;
 };
 
 /// Owns the skeletons of the pod programs (bpf/pod_tc.bpf.c), the socket
@@ -81,7 +82,7 @@ class PodPrograms {
   BpfMap<__u64, sluice_proxy_cgroup> proxyCgroups;
   // Socket mode (bound when socketLoaded()).
   BpfMap<__u64, sluice_pod_sock> podSock;
-  BpfMap<sluice_listener_key, __u64> sockListeners;  ///< SOCKHASH: values are sockets
+  BpfMap<sluice_sock_listener_key, __u64> sockListeners;  ///< SOCKHASH: values are sockets
   BpfMap<sluice_orig_key, sluice_sock_orig> origDst;
   BpfMap<__u32, sluice_lookup_pod> skLookupPod;  ///< per-CPU
   BpfMap<__u32, __u32> skLookupProg;             ///< program array: values are program fds

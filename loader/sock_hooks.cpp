@@ -133,6 +133,7 @@ std::vector<NodeHook> nodeHooks(const PodPrograms& p) {
       {"sockops", BPF_CGROUP_SOCK_OPS, s.sockops},
       {"skb_ingress", BPF_CGROUP_INET_INGRESS, s.skbIngress},
       {"skb_egress", BPF_CGROUP_INET_EGRESS, s.skbEgress},
+      {"sock_create", BPF_CGROUP_INET_SOCK_CREATE, s.sockCreate},
   };
 }
 
@@ -231,7 +232,8 @@ bool nodeHooksPinned(const std::string& root) {
 
 Status removeNodeHooks(const std::string& root) {
   static const char* const kNames[] = {"connect4",     "connect6",     "sendmsg4",   "sendmsg6", "recvmsg4",    "recvmsg6",
-                                       "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress"};
+                                       "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress",
+                                       "sock_create"};
   Status first;
   for (const char* n : kNames) {
     Status st = detachPinned(nodeDir(root) + "/" + n);

@@ -358,6 +358,7 @@ enum sluice_sock_kind {
 	SLUICE_SOCK_OUTBOUND = 1, /* an app's connection sent to the outbound listener */
 	SLUICE_SOCK_DNS = 2,      /* an app's DNS socket sent to the DNS listener */
 	SLUICE_SOCK_ACCEPTED = 3, /* the proxy's accepted socket: its SO_ORIGINAL_DST */
+	SLUICE_SOCK_RAW = 4,      /* a raw socket an app of an enrolled pod opened */
 };
 
 /*
@@ -386,6 +387,23 @@ struct sluice_orig_key {
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_orig_key) == 32, "sluice_orig_key layout");
 #define SLUICE_ORIG_DST_ENTRIES 65536
+
+/*
+ * `sock_listeners` (SOCKHASH): the proxy's listeners per pod, port and
+ * socket family, each in a slot of its own: an old and a new proxy listen
+ * side by side during a hand-over (SO_REUSEPORT), and either may close
+ * first. pod_sk_lookup hands a connection to the first slot filled; the
+ * kernel then picks within that socket's reuseport group.
+ */
+#define SLUICE_LISTENER_SLOTS 4
+struct sluice_sock_listener_key {
+	__u64 netns_cookie;
+	__u16 port;  /* host byte order */
+	__u8 family; /* of the socket: AF_INET, or AF_INET6 (dual-stack serves both) */
+	__u8 slot;   /* 0 .. SLUICE_LISTENER_SLOTS - 1 */
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_sock_listener_key) == 16, "sluice_sock_listener_key layout");
 
 /*
  * `proxy_conns` (LRU): the proxy's own connections to its pod's apps with a

@@ -36,12 +36,12 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } orig_dst SEC(".maps");
 
-/* The proxy's listeners per pod, port and socket family, put here by
+/* The proxy's listeners per pod, port, socket family and slot, put here by
  * pod_sockops when the proxy listens; a closed socket leaves by itself. */
 struct {
 	__uint(type, BPF_MAP_TYPE_SOCKHASH);
 	__uint(max_entries, SLUICE_LISTENER_ENTRIES);
-	__type(key, struct sluice_listener_key);
+	__type(key, struct sluice_sock_listener_key);
 	__type(value, __u64);
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } sock_listeners SEC(".maps");
