@@ -1,6 +1,7 @@
 // sluiced end to end: the built agent binary as a separate process, talked
 // to over its unix socket, killed, restarted and "upgraded" while a pod's
-// traffic flows through the redirect.
+// traffic flows through the redirect, captured at TC (tcx, legacy) and at
+// the socket.
 //
 //   test process                          node netns          pod netns
 //   +---------------------------+         +-----------+  veth  +------------------+
@@ -23,6 +24,7 @@
 #include <thread>
 
 #include "loader/netlink.h"
+#include "loader/sock_hooks.h"
 #include "loader/tc.h"
 #include "test/common/agent_process.h"
 #include "test/common/topology.h"
@@ -62,10 +64,43 @@ size_t mapKeyCount(const std::string& pin, size_t keySize) {
   return n;
 }
 
+// How the agent captures the test's pod.
+struct AgentMode {
+  const char* name;
+  TcMode tc;
+  bool socket;
+};
+
+// The id of the program a pinned link runs (0: none).
+uint32_t linkProgramId(const std::string& pin) {
+  int fd = bpf_obj_get(pin.c_str());
+  if (fd < 0) return 0;
+  bpf_link_info info{};
+  __u32 len = sizeof(info);
+  uint32_t id = bpf_obj_get_info_by_fd(fd, &info, &len) == 0 ? info.prog_id : 0;
+  ::close(fd);
+  return id;
+}
+
 // The program ids running at the pod's hooks (eth0 in/out, lo out), in
-// that order; 0 where nothing is attached.
-std::vector<uint32_t> podHookPrograms(const TestNetns& pod, const TestBpffs& bpffs, const std::string& id, TcMode mode) {
+// that order; 0 where nothing is attached. Captured at the socket: the
+// node hooks' programs and the shared sk_lookup program.
+std::vector<uint32_t> podHookPrograms(const TestNetns& pod, const TestBpffs& bpffs, const std::string& id, TcMode mode,
+                                      bool socket) {
   std::vector<uint32_t> ids;
+  if (socket) {
+    for (const char* h : {"connect4", "connect6", "sendmsg4", "sendmsg6", "recvmsg4", "recvmsg6", "getpeername4",
+                          "getpeername6", "getsockopt", "sockops", "skb_ingress", "skb_egress", "sock_create"})
+      ids.push_back(linkProgramId(bpffs.root() + "/" + SLUICE_PIN_NODE_LINKS_DIR + "/" + h));
+    int progs = bpf_obj_get((bpffs.root() + "/" + SLUICE_PIN_SK_LOOKUP_PROG).c_str());
+    __u32 zero = 0, shared = 0;
+    if (progs >= 0) {
+      (void)bpf_map_lookup_elem(progs, &zero, &shared);
+      ::close(progs);
+    }
+    ids.push_back(shared);
+    return ids;
+  }
   if (mode == TcMode::Tcx) {
     for (const char* h : {"eth0_ingress", "eth0_egress", "lo_egress"})
       ids.push_back(tcxProgramId(bpffs.linkDir(id) + "/" + h));
@@ -80,12 +115,14 @@ std::vector<uint32_t> podHookPrograms(const TestNetns& pod, const TestBpffs& bpf
   return ids;
 }
 
-class Agent : public ::testing::TestWithParam<TcMode> {
+class Agent : public ::testing::TestWithParam<AgentMode> {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
     ASSERT_TRUE(pathExists(builtBinary("sluiced"))) << "sluiced not built";
     if (std::string why = tcModeUnsupported(mode()); !why.empty()) GTEST_SKIP() << why;
+    if (socket())
+      if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
     ASSERT_TRUE(topo_.ok()) << topo_.error();
     static std::atomic<int> n{0};
     socket_ = "/tmp/sluice-t-agent-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".sock";
@@ -100,9 +137,14 @@ class Agent : public ::testing::TestWithParam<TcMode> {
     ::unlink(socket_.c_str());
   }
 
-  virtual TcMode mode() const { return GetParam(); }
+  virtual AgentMode agentMode() const { return GetParam(); }
+  TcMode mode() const { return agentMode().tc; }
+  bool socket() const { return agentMode().socket; }
   std::string podId() const { return topo_.pod().name(); }
-  std::vector<std::string> modeArgs() const { return {"--tc-mode", mode() == TcMode::Legacy ? "legacy" : "tcx"}; }
+  std::vector<std::string> modeArgs() const {
+    if (socket()) return {"--capture", "socket"};
+    return {"--capture", "tc", "--tc-mode", mode() == TcMode::Legacy ? "legacy" : "tcx"};
+  }
 
   void startAgent(std::vector<std::string> extra = {}) {
     auto args = modeArgs();
@@ -129,6 +171,7 @@ class Agent : public ::testing::TestWithParam<TcMode> {
     auto info = client().addPod(spec());
     ASSERT_TRUE(info.ok()) << info.error().message << "\n" << agent_->log();
     StandInConfig cfg = testStandInConfig();
+    cfg.reuseport = socket() || cfg.reuseport;  // ztunnel's default wherever the mode serves it
     cfg.netnsPath = topo_.pod().path();
     auto s = ProxyStandIn::start(cfg);
     ASSERT_TRUE(s.ok()) << s.error().message;
@@ -160,8 +203,10 @@ class Agent : public ::testing::TestWithParam<TcMode> {
   std::unique_ptr<ProxyStandIn> standIn_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Modes, Agent, ::testing::Values(TcMode::Tcx, TcMode::Legacy),
-                         [](const auto& info) { return std::string(modeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Modes, Agent,
+                         ::testing::Values(AgentMode{"tcx", TcMode::Tcx, false}, AgentMode{"legacy", TcMode::Legacy, false},
+                                           AgentMode{"socket", TcMode::Auto, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // Issue 4, "restart and upgrade without disruption": a client makes
 // connections through the redirect in a loop while the agent is killed
@@ -174,7 +219,7 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   ASSERT_TRUE(server.ok()) << server.error().message;
   startAgent();
   enrollWithProxy();
-  auto before = podHookPrograms(topo_.pod(), bpffs_, podId(), mode());
+  auto before = podHookPrograms(topo_.pod(), bpffs_, podId(), mode(), socket());
   for (uint32_t id : before) ASSERT_NE(id, 0u);
 
   std::atomic<bool> stop{false};
@@ -196,12 +241,12 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   EXPECT_EQ(agent_->stop(SIGKILL), 128 + SIGKILL);
   pause();  // no agent at all: the pinned links and maps carry on
   startAgent();
-  generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode()));
+  generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode(), socket()));
   pause();
   EXPECT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
   pause();
   startAgent();  // the "upgrade": another program load takes over in place
-  generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode()));
+  generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode(), socket()));
   pause();
   stop = true;
   loop.join();
@@ -220,8 +265,10 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
       EXPECT_NE(generations[g][h], 0u) << "generation " << g << " hook " << h;
       EXPECT_NE(generations[g][h], generations[g - 1][h]) << "generation " << g << " hook " << h << " kept the old program";
     }
-  // Pod side (eth0 in/out, lo out) and node side (host veth in/out).
-  EXPECT_NE(agent_->log().find("switched 5 hook(s)"), std::string::npos) << agent_->log();
+  // Pod side (eth0 in/out, lo out; socket: 13 node hooks and the shared
+  // sk_lookup program) and node side (host veth in/out).
+  EXPECT_NE(agent_->log().find(socket() ? "switched 16 hook(s)" : "switched 5 hook(s)"), std::string::npos)
+      << agent_->log();
 }
 
 // A restarted agent repairs what was damaged while it was down.
@@ -234,7 +281,32 @@ TEST_P(Agent, RestartRepairsDamagedPod) {
   ASSERT_EQ(agent_->stop(SIGTERM), 0);
 
   // Damage: the egress hook, the policy rule, the v6 route, accept_local
-  // and the pod's config entry (redirection off) are gone.
+  // and the pod's config entry (redirection off) are gone. Captured at the
+  // socket: its sk_lookup program, the rule, the route, tcp_fwmark_accept
+  // and its pod_sock entry.
+  if (socket()) {
+    ASSERT_TRUE(detachPodSkLookup(bpffs_.linkDir(podId()) + "/sk_lookup").ok());
+    ASSERT_EQ(topo_.pod().ip("rule del fwmark 0x111/0xfff").exitCode, 0);
+    ASSERT_EQ(topo_.pod().ip("-6 route del local ::/0 table 100").exitCode, 0);
+    ASSERT_TRUE(topo_.pod().setSysctl("net/ipv4/tcp_fwmark_accept", "0").ok());
+    auto cookie = topo_.pod().cookie();
+    ASSERT_TRUE(cookie.ok());
+    int m = bpf_obj_get((bpffs_.root() + "/" + SLUICE_PIN_POD_SOCK).c_str());
+    ASSERT_GE(m, 0);
+    ASSERT_EQ(bpf_map_delete_elem(m, &*cookie), 0);
+    ::close(m);
+    startAgent();
+    auto check = client().check(podId());
+    ASSERT_TRUE(check.ok()) << check.error().message;
+    EXPECT_TRUE(check->intact) << nlohmann::json(check->problems).dump() << "\n" << agent_->log();
+    for (const char* what : {"sk_lookup program in the pod's netns", "IPv4 policy rule", "IPv6 local default route",
+                             "net.ipv4.tcp_fwmark_accept", "no entry in pod_sock"})
+      EXPECT_NE(agent_->log().find(std::string("repaired: ") + what), std::string::npos) << what << "\n" << agent_->log();
+    standIn_->clearEvents();
+    ASSERT_TRUE(oneConnection((*server)->local()).ok());
+    EXPECT_EQ(outboundEvents(), 1u);
+    return;
+  }
   if (mode() == TcMode::Tcx) {
     ASSERT_TRUE(detachTcx(bpffs_.linkDir(podId()) + "/eth0_egress").ok());
   } else {
@@ -299,6 +371,7 @@ TEST_P(Agent, StartRemovesPodsWhoseNetnsIsGone) {
   EXPECT_TRUE(dirEntries(bpffs_.linkDir(podId())).empty());
   EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_config", 8), 0u);
   EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_stats", 8), 0u);
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/" + SLUICE_PIN_POD_SOCK, 8), 0u);
   EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_addrs", sizeof(sluice_pod_addr)), 0u);
   EXPECT_NE(agent_->log().find("is gone; removing the pod"), std::string::npos) << agent_->log();
 }
@@ -317,13 +390,17 @@ TEST_P(Agent, SigtermLeavesDataPlaneInPlace) {
   startAgent();  // for TearDown's removal
 }
 
-// The API's answers do not depend on the attach mode: one run, in the mode
-// this kernel prefers (tcx, or clsact before Linux 6.6).
+// The API's answers do not depend on the mode: one run, in the mode this
+// kernel prefers (at the socket; else tcx, or clsact before Linux 6.6).
 class AgentApi : public Agent {
  protected:
-  TcMode mode() const override { return tcModeUnsupported(TcMode::Tcx).empty() ? TcMode::Tcx : TcMode::Legacy; }
+  AgentMode agentMode() const override {
+    if (socketCaptureUnsupported().empty()) return {"socket", TcMode::Auto, true};
+    return tcModeUnsupported(TcMode::Tcx).empty() ? AgentMode{"tcx", TcMode::Tcx, false}
+                                                  : AgentMode{"legacy", TcMode::Legacy, false};
+  }
 };
-INSTANTIATE_TEST_SUITE_P(Preferred, AgentApi, ::testing::Values(TcMode::Auto),
+INSTANTIATE_TEST_SUITE_P(Preferred, AgentApi, ::testing::Values(AgentMode{"preferred", TcMode::Auto, false}),
                          [](const auto&) { return std::string("preferred"); });
 
 // Malformed requests get a readable error each and change nothing.
@@ -464,6 +541,7 @@ TEST_P(AgentApi, NetnsVanishingDuringAddLeavesConsistentState) {
   EXPECT_TRUE(dirEntries(bpffs_.root() + "/links").empty());
   EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_config", 8), 0u);
   EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_stats", 8), 0u);
+  EXPECT_EQ(mapKeyCount(bpffs_.root() + "/" + SLUICE_PIN_POD_SOCK, 8), 0u);
 }
 
 // A second agent on the same socket refuses to start and says why.

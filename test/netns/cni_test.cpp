@@ -360,9 +360,17 @@ class CniMode : public Cni, public ::testing::WithParamInterface<std::string> {}
 // destination; a node-local probe arrives from 169.254.7.127), CHECK passes
 // and catches damage, DEL (reverse order) cleans everything, twice.
 TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
+  const bool socket = GetParam() == "socket";
   if (GetParam() == "tcx")
     if (std::string why = tcModeUnsupported(TcMode::Tcx); !why.empty()) GTEST_SKIP() << why;
-  list_["plugins"][1]["tcMode"] = GetParam();
+  if (socket)
+    if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
+  if (socket) {
+    list_["plugins"][1]["capture"] = "socket";
+  } else {
+    list_["plugins"][1]["capture"] = "tc";
+    list_["plugins"][1]["tcMode"] = GetParam();
+  }
   startAgent();
   CniRuntime rt(node_, work_.file("bin"), work_.path());
 
@@ -382,14 +390,17 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
   ASSERT_EQ(pods.size(), 1u);
   EXPECT_EQ(pods[0].id, podId_);
   EXPECT_EQ(pods[0].netnsPath, pod_.path());
-  EXPECT_EQ(pods[0].tcMode, GetParam());
-  EXPECT_EQ(pods[0].interfaces, std::vector<std::string>{"eth0"});
+  EXPECT_EQ(pods[0].capture, socket ? "socket" : "tc");
+  if (!socket) EXPECT_EQ(pods[0].tcMode, GetParam());
+  // Captured at the socket, no interface gets a hook.
+  EXPECT_EQ(pods[0].interfaces, socket ? std::vector<std::string>{} : std::vector<std::string>{"eth0"});
   EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});
   EXPECT_EQ(pods[0].hostIface.rfind("veth", 0), 0u) << pods[0].hostIface;
 
   // Rule 1: outbound TCP goes to the proxy, which sees the original
   // destination and relays it on.
   StandInConfig cfg = testStandInConfig();
+  cfg.reuseport = socket || cfg.reuseport;  // ztunnel's default wherever the mode serves it
   cfg.netnsPath = pod_.path();
   auto standIn = ProxyStandIn::start(cfg);
   ASSERT_TRUE(standIn.ok()) << standIn.error().message;
@@ -465,7 +476,7 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
   expectCniError(check2, cni::kCniNotEnrolled, "is not enrolled in sluice");
 }
 
-INSTANTIATE_TEST_SUITE_P(All, CniMode, ::testing::Values("tcx", "legacy"),
+INSTANTIATE_TEST_SUITE_P(All, CniMode, ::testing::Values("tcx", "legacy", "socket"),
                          [](const auto& info) { return info.param; });
 
 // ---- the hand-off to the node proxy (ZDS), through CNI_ARGS ----

@@ -99,7 +99,7 @@ class HandOff : public ::testing::TestWithParam<TcMode> {
   std::string zdsPath() const { return tmp_.file("zds.sock"); }
 
   void startAgent(std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"--tc-mode", modeName(mode()), "--ztunnel-socket", zdsPath(),
+    std::vector<std::string> args = {"--capture", "tc", "--tc-mode", modeName(mode()), "--ztunnel-socket", zdsPath(),
                                      "--ztunnel-timeout-ms", "1000"};
     args.insert(args.end(), extra.begin(), extra.end());
     auto a = AgentProcess::start(bpffs_.root(), args, tmp_.file("agent.sock"));

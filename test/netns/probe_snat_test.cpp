@@ -192,6 +192,7 @@ class ProbeEnv {
     DatapathOptions o;
     o.bpffsRoot = bpffs_.root();
     o.tcMode = mode_;
+    o.capture = CaptureMode::Tc;  // the pod's side in the mode the test is named for
     auto dp = Datapath::open(o);
     SLUICE_TRY(dp);
     dp_ = std::move(*dp);

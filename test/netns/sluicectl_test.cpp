@@ -31,10 +31,13 @@ bool pathExists(const std::string& p) {
 
 size_t lineCount(const std::string& s) { return static_cast<size_t>(std::count(s.begin(), s.end(), '\n')); }
 
-/// sluicectl --bpffs ROOT [--tc-mode MODE] ARGS...
+/// sluicectl --bpffs ROOT [--capture tc --tc-mode MODE] ARGS... (an empty
+/// MODE: the defaults, --capture auto)
 CommandResult ctl(const std::string& root, const std::vector<std::string>& args, const std::string& tcMode = "") {
   std::vector<std::string> argv = {sluicectl(), "--bpffs", root};
   if (!tcMode.empty()) {
+    argv.push_back("--capture");
+    argv.push_back("tc");
     argv.push_back("--tc-mode");
     argv.push_back(tcMode);
   }
@@ -79,10 +82,16 @@ TEST_P(SluicectlMode, AddListStatsRemove) {
   ASSERT_EQ(pods.size(), 1u) << list.out;
   EXPECT_EQ(pods[0]["id"], id);
   EXPECT_EQ(pods[0]["netns"], topo.pod().path());
-  // auto resolves to what the kernel has: tcx from 6.6, clsact before.
-  const bool legacy = GetParam() == "legacy" || !tcModeUnsupported(TcMode::Tcx).empty();
-  EXPECT_EQ(pods[0]["tc_mode"], legacy ? "legacy" : "tcx");
-  if (legacy) {
+  // auto resolves to what the kernel has: the socket where it has the
+  // hooks; else tcx from 6.6, clsact before.
+  const bool socket = GetParam() == "auto" && socketCaptureUnsupported().empty();
+  const bool legacy = !socket && (GetParam() == "legacy" || !tcModeUnsupported(TcMode::Tcx).empty());
+  EXPECT_EQ(pods[0]["capture"], socket ? "socket" : "tc");
+  if (!socket) EXPECT_EQ(pods[0]["tc_mode"], legacy ? "legacy" : "tcx");
+  EXPECT_NE(add.out.find(socket ? "(socket)" : legacy ? "(legacy)" : "(tcx)"), std::string::npos) << add.out;
+  if (socket) {
+    EXPECT_TRUE(pathExists(bpffs_.linkDir(id) + "/sk_lookup"));
+  } else if (legacy) {
     auto q = sh("tc -n " + topo.pod().name() + " qdisc show dev eth0");
     EXPECT_NE(q.out.find("clsact"), std::string::npos) << q.out;
   } else {

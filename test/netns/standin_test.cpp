@@ -1140,11 +1140,12 @@ TEST_F(StandIn, BinaryPrintsOneJsonLinePerEvent) {
   ASSERT_TRUE(fd.valid());
   EXPECT_EQ(readToEof(fd.get()), "hbone\n");
   EXPECT_EQ(child.line(), "{\"listener\":\"hbone\",\"port\":15008,\"orig_dst\":\"127.0.0.1:15008\","
-                          "\"peer\":\"" + str(localOf(fd.get())) + "\",\"detail\":\"\"}");
+                          "\"orig_dst_from\":\"local address\",\"peer\":\"" + str(localOf(fd.get())) +
+                              "\",\"detail\":\"\"}");
   TestFd udp = udpClient(*ns_, "::1", 15053);
   ASSERT_TRUE(udpExchange(udp.get(), dnsQuery(1, "demo.example", 28)));
   EXPECT_EQ(child.line(), "{\"listener\":\"dns-udp\",\"port\":15053,\"orig_dst\":\"[::1]:15053\","
-                          "\"peer\":\"" + str(localOf(udp.get())) +
+                          "\"orig_dst_from\":\"datagram\",\"peer\":\"" + str(localOf(udp.get())) +
                           "\",\"detail\":\"demo.example AAAA\"}");
   EXPECT_EQ(child.finish(SIGTERM), 0);
 }

@@ -449,7 +449,8 @@ TEST_F(Zds, StandInBinaryServesPodsOverZds) {
   EXPECT_TRUE(has("{\"event\":\"snapshot\",\"connection\":1,\"detail\":\"stopped 0 proxies not in the snapshot\"}")) << r.out;
   EXPECT_TRUE(has("{\"event\":\"proxy-started\",\"uid\":\"a\",\"name\":\"name-a\",\"namespace\":\"ns-a\",\"detail\":\"\"}")) << r.out;
   EXPECT_TRUE(has("{\"event\":\"add\",\"connection\":1,\"uid\":\"a\",\"name\":\"name-a\",\"namespace\":\"ns-a\",\"detail\":\"\"}")) << r.out;
-  EXPECT_TRUE(has("{\"uid\":\"a\",\"listener\":\"hbone\",\"port\":15008,\"orig_dst\":\"127.0.0.1:15008\",\"peer\":\"" +
+  EXPECT_TRUE(has("{\"uid\":\"a\",\"listener\":\"hbone\",\"port\":15008,\"orig_dst\":\"127.0.0.1:15008\","
+                  "\"orig_dst_from\":\"local address\",\"peer\":\"" +
                   localOf(fd->get()).str() + "\",\"detail\":\"\"}")) << r.out;
   EXPECT_TRUE(has("{\"event\":\"proxy-stopped\",\"uid\":\"a\",\"name\":\"name-a\",\"namespace\":\"ns-a\",\"detail\":\"deleted\"}")) << r.out;
   EXPECT_TRUE(has("{\"event\":\"del\",\"connection\":1,\"uid\":\"a\",\"name\":\"\",\"namespace\":\"\",\"detail\":\"\"}")) << r.out;
