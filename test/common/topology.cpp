@@ -944,6 +944,11 @@ std::string socketCaptureUnsupported() {
   return socketUnavailableReason(*f);
 }
 
+std::string modeUnsupported(const ModeParam& m) {
+  if (m.capture == CaptureMode::Socket) return socketCaptureUnsupported();
+  return tcModeUnsupported(m.tc);
+}
+
 bool kernelAssignsReuseport() {
   auto f = kernelFeatures();
   return !f.ok() || f->reuseportAssign.present;

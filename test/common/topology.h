@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -437,6 +438,21 @@ inline const char* modeName(TcMode m) { return m == TcMode::Legacy ? "legacy" : 
 /// Why this kernel cannot capture at the socket, or "" when it can. Tests
 /// skip with this reason (GTEST_SKIP).
 std::string socketCaptureUnsupported();
+
+/// A mode of a parametrized test: captured at TC with tcx or legacy
+/// attachment, or captured at the socket.
+struct ModeParam {
+  const char* name;  ///< "tcx" | "legacy" | "socket": the test name's suffix
+  TcMode tc;
+  CaptureMode capture;
+};
+inline constexpr ModeParam kTcxMode{"tcx", TcMode::Tcx, CaptureMode::Tc};
+inline constexpr ModeParam kLegacyMode{"legacy", TcMode::Legacy, CaptureMode::Tc};
+inline constexpr ModeParam kSocketMode{"socket", TcMode::Auto, CaptureMode::Socket};
+/// Why this kernel cannot run @p m, or "" when it can.
+std::string modeUnsupported(const ModeParam& m);
+/// gtest prints a ModeParam by its name (not as a byte dump).
+inline void PrintTo(const ModeParam& m, std::ostream* os) { *os << m.name; }
 
 /// Why this kernel cannot run a test in mode @p m (tcx before Linux 6.6),
 /// or "" when it can. Tests skip with this reason (GTEST_SKIP), so a run on

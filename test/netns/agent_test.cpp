@@ -64,13 +64,6 @@ size_t mapKeyCount(const std::string& pin, size_t keySize) {
   return n;
 }
 
-// How the agent captures the test's pod.
-struct AgentMode {
-  const char* name;
-  TcMode tc;
-  bool socket;
-};
-
 // The id of the program a pinned link runs (0: none).
 uint32_t linkProgramId(const std::string& pin) {
   int fd = bpf_obj_get(pin.c_str());
@@ -115,14 +108,12 @@ std::vector<uint32_t> podHookPrograms(const TestNetns& pod, const TestBpffs& bpf
   return ids;
 }
 
-class Agent : public ::testing::TestWithParam<AgentMode> {
+class Agent : public ::testing::TestWithParam<ModeParam> {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
     ASSERT_TRUE(pathExists(builtBinary("sluiced"))) << "sluiced not built";
-    if (std::string why = tcModeUnsupported(mode()); !why.empty()) GTEST_SKIP() << why;
-    if (socket())
-      if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
+    if (std::string why = modeUnsupported(agentMode()); !why.empty()) GTEST_SKIP() << why;
     ASSERT_TRUE(topo_.ok()) << topo_.error();
     static std::atomic<int> n{0};
     socket_ = "/tmp/sluice-t-agent-" + std::to_string(::getpid()) + "-" + std::to_string(n++) + ".sock";
@@ -137,9 +128,9 @@ class Agent : public ::testing::TestWithParam<AgentMode> {
     ::unlink(socket_.c_str());
   }
 
-  virtual AgentMode agentMode() const { return GetParam(); }
+  virtual ModeParam agentMode() const { return GetParam(); }
   TcMode mode() const { return agentMode().tc; }
-  bool socket() const { return agentMode().socket; }
+  bool socket() const { return agentMode().capture == CaptureMode::Socket; }
   std::string podId() const { return topo_.pod().name(); }
   std::vector<std::string> modeArgs() const {
     if (socket()) return {"--capture", "socket"};
@@ -203,9 +194,7 @@ class Agent : public ::testing::TestWithParam<AgentMode> {
   std::unique_ptr<ProxyStandIn> standIn_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Modes, Agent,
-                         ::testing::Values(AgentMode{"tcx", TcMode::Tcx, false}, AgentMode{"legacy", TcMode::Legacy, false},
-                                           AgentMode{"socket", TcMode::Auto, true}),
+INSTANTIATE_TEST_SUITE_P(Modes, Agent, ::testing::Values(kTcxMode, kLegacyMode, kSocketMode),
                          [](const auto& info) { return std::string(info.param.name); });
 
 // Issue 4, "restart and upgrade without disruption": a client makes
@@ -394,13 +383,12 @@ TEST_P(Agent, SigtermLeavesDataPlaneInPlace) {
 // kernel prefers (at the socket; else tcx, or clsact before Linux 6.6).
 class AgentApi : public Agent {
  protected:
-  AgentMode agentMode() const override {
-    if (socketCaptureUnsupported().empty()) return {"socket", TcMode::Auto, true};
-    return tcModeUnsupported(TcMode::Tcx).empty() ? AgentMode{"tcx", TcMode::Tcx, false}
-                                                  : AgentMode{"legacy", TcMode::Legacy, false};
+  ModeParam agentMode() const override {
+    if (socketCaptureUnsupported().empty()) return kSocketMode;
+    return tcModeUnsupported(TcMode::Tcx).empty() ? kTcxMode : kLegacyMode;
   }
 };
-INSTANTIATE_TEST_SUITE_P(Preferred, AgentApi, ::testing::Values(AgentMode{"preferred", TcMode::Auto, false}),
+INSTANTIATE_TEST_SUITE_P(Preferred, AgentApi, ::testing::Values(kSocketMode),
                          [](const auto&) { return std::string("preferred"); });
 
 // Malformed requests get a readable error each and change nothing.

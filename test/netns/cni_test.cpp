@@ -391,7 +391,9 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
   EXPECT_EQ(pods[0].id, podId_);
   EXPECT_EQ(pods[0].netnsPath, pod_.path());
   EXPECT_EQ(pods[0].capture, socket ? "socket" : "tc");
-  if (!socket) EXPECT_EQ(pods[0].tcMode, GetParam());
+  if (!socket) {
+    EXPECT_EQ(pods[0].tcMode, GetParam());
+  }
   // Captured at the socket, no interface gets a hook.
   EXPECT_EQ(pods[0].interfaces, socket ? std::vector<std::string>{} : std::vector<std::string>{"eth0"});
   EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});

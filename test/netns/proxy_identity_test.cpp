@@ -1,7 +1,9 @@
 // The node proxy's identity beyond its mark (issue 12, item 5): an app in
 // the pod that sets SO_MARK 0x539 itself (CAP_NET_RAW is enough since Linux
 // 5.17, and runtimes grant it) leaves the mesh under Istio's rule; once the
-// proxy's cgroup is known, only sockets of that cgroup are exempt.
+// proxy's cgroup is known, only sockets of that cgroup are exempt. Captured
+// at TC (the packet's socket's cgroup) and at the socket (the connecting
+// process's cgroup).
 //
 //   test process (its own cgroup)           node netns       pod netns
 //   +------------------------------+        +----------+     +-----------------------+
@@ -51,13 +53,13 @@ class TestCgroup {
   std::string path_, error_;
 };
 
-class ProxyIdentityTest : public ::testing::TestWithParam<TcMode> {
+class ProxyIdentityTest : public ::testing::TestWithParam<ModeParam> {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF, cgroups)";
-    if (std::string why = tcModeUnsupported(GetParam()); !why.empty()) GTEST_SKIP() << why;
+    if (std::string why = modeUnsupported(GetParam()); !why.empty()) GTEST_SKIP() << why;
     ASSERT_TRUE(cgroup_.error().empty()) << "cgroup v2: " << cgroup_.error();
-    h_ = std::make_unique<PodHarness>(GetParam());
+    h_ = std::make_unique<PodHarness>(GetParam().tc, GetParam().capture);
     ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
     PodSpec spec;
     spec.nodeNetnsPath = h_->node().path();
@@ -66,7 +68,7 @@ class ProxyIdentityTest : public ::testing::TestWithParam<TcMode> {
     // The node proxy: a separate process that enters its cgroup before it
     // creates any socket (a socket's cgroup is its creator's).
     std::string cmd = "echo $$ > " + cgroup_.path() + "/cgroup.procs && exec " + builtBinary("sluice-standin") +
-                      " --netns " + h_->pod().path() + (kernelAssignsReuseport() ? "" : " --no-reuseport");
+                      " --netns " + h_->pod().path() + (h_->servesReuseport() ? "" : " --no-reuseport");
     auto p = Subprocess::start({"/bin/sh", "-c", cmd});
     ASSERT_TRUE(p.ok()) << p.error().message;
     proxy_ = std::move(*p);
@@ -106,8 +108,8 @@ class ProxyIdentityTest : public ::testing::TestWithParam<TcMode> {
   std::unique_ptr<TcpServer> server_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Modes, ProxyIdentityTest, ::testing::Values(TcMode::Tcx, TcMode::Legacy),
-                         [](const auto& info) { return std::string(modeName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(Modes, ProxyIdentityTest, ::testing::Values(kTcxMode, kLegacyMode, kSocketMode),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 TEST_P(ProxyIdentityTest, MarkedAppIsCapturedOnceTheProxyCgroupIsKnown) {
   Datapath& dp = h_->datapath();

@@ -141,7 +141,9 @@ TEST_P(Redirect, Rule1OutboundTcpIsRelayedByProxy) {
   EXPECT_EQ(server->peers().front().ip(), podIp());
   auto st = h_->stats();
   EXPECT_GE(st.outbound_conns, 1u);
-  if (!socketMode()) EXPECT_GE(st.owned_pkts, 1u);
+  if (!socketMode()) {
+    EXPECT_GE(st.owned_pkts, 1u);
+  }
   EXPECT_EQ(st.dropped_pkts, 0u);
 }
 
@@ -186,7 +188,9 @@ TEST_P(Redirect, Rule2TcpDnsIsAnsweredByProxy) {
   auto st = h_->stats();
   EXPECT_GE(st.dns_tcp_conns, 1u);
   // At the socket a TCP answer needs no translation (getpeername does it).
-  if (!socketMode()) EXPECT_GE(st.dns_answers, 1u);
+  if (!socketMode()) {
+    EXPECT_GE(st.dns_answers, 1u);
+  }
 }
 
 // ---- Rule 3: UDP to port 53 goes to the DNS listener, answers come from the ----
@@ -289,7 +293,9 @@ TEST_P(Redirect, Rule4InboundIsRelayedWithClientAddress) {
   EXPECT_TRUE(h_->events("outbound").empty()) << describe(h_->events());
   auto st = h_->stats();
   EXPECT_GE(st.inbound_conns, 1u);
-  if (!socketMode()) EXPECT_GE(st.owned_pkts, 1u);  // the app's replies, handed back to the proxy
+  if (!socketMode()) {
+    EXPECT_GE(st.owned_pkts, 1u);  // the app's replies, handed back to the proxy
+  }
   EXPECT_EQ(st.dropped_pkts, 0u);
 }
 
@@ -500,7 +506,9 @@ TEST_P(Redirect, InboundCaptureOffKeepsSpoofedReturnPath) {
   EXPECT_EQ(ev->detail, "upstream ok");
   ASSERT_TRUE(app->waitForAccepts(1, kIoTimeout));
   EXPECT_EQ(app->peers().front().ip(), nodeIp());
-  if (!socketMode()) EXPECT_GE(h_->stats().owned_pkts, 1u);
+  if (!socketMode()) {
+    EXPECT_GE(h_->stats().owned_pkts, 1u);
+  }
   EXPECT_EQ(h_->stats().inbound_conns, 0u);
 }
 

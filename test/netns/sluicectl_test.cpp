@@ -87,7 +87,9 @@ TEST_P(SluicectlMode, AddListStatsRemove) {
   const bool socket = GetParam() == "auto" && socketCaptureUnsupported().empty();
   const bool legacy = !socket && (GetParam() == "legacy" || !tcModeUnsupported(TcMode::Tcx).empty());
   EXPECT_EQ(pods[0]["capture"], socket ? "socket" : "tc");
-  if (!socket) EXPECT_EQ(pods[0]["tc_mode"], legacy ? "legacy" : "tcx");
+  if (!socket) {
+    EXPECT_EQ(pods[0]["tc_mode"], legacy ? "legacy" : "tcx");
+  }
   EXPECT_NE(add.out.find(socket ? "(socket)" : legacy ? "(legacy)" : "(tcx)"), std::string::npos) << add.out;
   if (socket) {
     EXPECT_TRUE(pathExists(bpffs_.linkDir(id) + "/sk_lookup"));
