@@ -953,6 +953,15 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
   return c;
 }
 
+Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout) {
+  auto c = tcpConnect(ns, dst, ConnectOptions{timeout});
+  SLUICE_TRY(c);
+  auto e = echoRoundTrip(c->get(), "x", timeout);
+  SLUICE_TRY(e);
+  if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
+  return {};
+}
+
 std::string httpGetLoopback(uint16_t port, const std::string& path) {
   Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};

@@ -204,6 +204,11 @@ Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chron
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
 
+/// One short connection from inside @p ns to @p dst: connect, a 1-byte
+/// echo, close. Fails with what went wrong (the connection loops of the
+/// restart and upgrade tests count these).
+Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout = 3s);
+
 /// An HTTP/1.0 GET of @p path from 127.0.0.1:@p port (in the caller's
 /// netns): the whole answer (status line, headers, body), or what failed.
 std::string httpGetLoopback(uint16_t port, const std::string& path);

@@ -567,13 +567,7 @@ TEST_F(Cni, NodeModelOneNodeProxyServesEveryPod) {
     p.result = add.result;
     pods.push_back(std::move(p));
   };
-  auto connect = [&](NodePod& p) -> Status {
-    auto c = tcpConnect(*p.ns, dst, ConnectOptions{std::chrono::seconds(3)});
-    SLUICE_TRY(c);
-    auto e = echoRoundTrip(c->get(), "x", std::chrono::seconds(3));
-    SLUICE_TRY(e);
-    return {};
-  };
+  auto connect = [&](NodePod& p) { return connectAndEcho(*p.ns, dst); };
   auto relayedFor = [&](NodeProxyStandIn& np, const std::string& uid) {
     size_t n = 0;
     for (const auto& e : np.events())

@@ -70,14 +70,7 @@ struct Pod {
     return s;
   }
   /// One outbound connection through the redirect, echoed.
-  Status connectOut() {
-    auto c = tcpConnect(topo.pod(), server->local(), ConnectOptions{std::chrono::seconds(3)});
-    SLUICE_TRY(c);
-    auto e = echoRoundTrip(c->get(), "x", std::chrono::seconds(3));
-    SLUICE_TRY(e);
-    if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
-    return {};
-  }
+  Status connectOut() { return connectAndEcho(topo.pod(), server->local()); }
 };
 
 class HandOff : public ::testing::TestWithParam<TcMode> {

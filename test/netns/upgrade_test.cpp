@@ -83,14 +83,7 @@ class Upgrade : public ::testing::TestWithParam<TcMode> {
     agent_ = std::move(*a);
   }
 
-  Status oneConnection(const Endpoint& server) {
-    auto c = tcpConnect(topo_.pod(), server, ConnectOptions{std::chrono::seconds(3)});
-    SLUICE_TRY(c);
-    auto e = echoRoundTrip(c->get(), "x", std::chrono::seconds(3));
-    SLUICE_TRY(e);
-    if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
-    return {};
-  }
+  Status oneConnection(const Endpoint& server) { return connectAndEcho(topo_.pod(), server); }
 
   TestBpffs bpffs_;
   PodTopology topo_;
