@@ -11,6 +11,10 @@ PKGS=(build-essential cmake ninja-build pkg-config clang llvm libbpf-dev bpftool
 # sluice-cni's netns tests run the real bridge / host-local plugins; the
 # deploy/ test parses the manifest with python3-yaml.
 PKGS+=(containernetworking-plugins python3-yaml)
+# The agent's Kubernetes client (userspace/agent/kube) speaks HTTPS through
+# libcurl; the test API server (test/apiserver) makes its CA and certificate
+# per run with the openssl CLI.
+PKGS+=(libcurl4-openssl-dev openssl)
 VM=0
 if [ "${1:-}" = "--vm" ]; then
   VM=1
