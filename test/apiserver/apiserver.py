@@ -320,6 +320,7 @@ class State:
         self.watcher_seq = 0
         self.requests = []
         self.connections = set()
+        self.connections_total = 0   # TLS connections accepted so far
         self.conn_lock = threading.Lock()
         self.api_server = None
         self.api_thread = None
@@ -353,6 +354,7 @@ class ApiHandler(BaseHTTPRequestHandler):
         super().setup()
         with STATE.conn_lock:
             STATE.connections.add(self.request)
+            STATE.connections_total += 1
 
     def finish(self):
         with STATE.conn_lock:
@@ -701,7 +703,8 @@ class AdminHandler(BaseHTTPRequestHandler):
             if path == "/admin/state":
                 return self.send_json(200, {"rv": store.rv, "compacted": store.compacted,
                                             "watchers": len(STATE.watchers), "up": STATE.api_server is not None,
-                                            "events": len(store.events)})
+                                            "events": len(store.events),
+                                            "connections": STATE.connections_total})
             if path == "/admin/patches":
                 return self.send_json(200, store.patches)
             if path == "/admin/requests":
@@ -803,6 +806,9 @@ class ApiServer(ThreadingHTTPServer):
 
     def get_request(self):
         sock, addr = self.socket.accept()
+        # Headers and body go out as separate writes: without NODELAY each
+        # response would wait for the client's delayed ACK (~40 ms).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return STATE.ssl_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
 
     def handle_error(self, request, client_address):

@@ -152,7 +152,8 @@ Status TestApiServer::setNamespaceLabels(const std::string& name, const std::map
   SLUICE_TRY(current);
   if (!*current) return Error::msg("namespace " + name + " does not exist", ENOENT);
   json patchLabels = json::object();
-  for (const auto& [k, v] : (**current)["metadata"].value("labels", json::object()).items()) patchLabels[k] = nullptr;
+  const json old = (**current)["metadata"].value("labels", json::object());
+  for (const auto& [k, v] : old.items()) patchLabels[k] = nullptr;
   for (const auto& [k, v] : labels) patchLabels[k] = v;
   SLUICE_TRY(apply(json::array({{{"op", "patch"}, {"kind", "namespaces"}, {"name", name},
                                  {"patch", {{"metadata", {{"labels", patchLabels}}}}}}})));

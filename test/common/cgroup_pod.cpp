@@ -5,6 +5,7 @@
 #include <netlink/addr.h>
 #include <netlink/route/addr.h>
 #include <sched.h>
+#include <sys/prctl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -12,6 +13,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
+#include <mutex>
 #include <atomic>
 #include <filesystem>
 #include <fstream>
@@ -87,9 +90,27 @@ std::string podDir(const TestPodProcessOptions& o) {
          o.container + ".scope";
 }
 
+// Parents left by a test process that crashed (sluice-kube-<pid>-<n> with
+// that pid gone): removed once per process.
+void sweepStaleParents() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* base : {"/sys/fs/cgroup/unified", "/sys/fs/cgroup", "/sys/fs/cgroup/pids", "/sys/fs/cgroup/systemd"}) {
+      std::error_code ec;
+      for (const auto& e : fs::directory_iterator(base, ec)) {
+        std::string name = e.path().filename();
+        if (name.rfind("sluice-kube-", 0) != 0) continue;
+        pid_t pid = static_cast<pid_t>(std::atoi(name.c_str() + std::strlen("sluice-kube-")));
+        if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) removeCgroupTree(e.path());
+      }
+    }
+  });
+}
+
 }  // namespace
 
 TestCgroupRoot::TestCgroupRoot() {
+  sweepStaleParents();
   static std::atomic<int> n{0};
   name_ = "sluice-kube-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
   // Hybrid (v2 at unified/) or pure v2 (at the top).
@@ -152,6 +173,15 @@ Result<std::unique_ptr<TestPodProcess>> TestPodProcess::start(const TestCgroupRo
   if (pid < 0) return Error::fromErrno(errno, "fork");
   if (pid == 0) {
     // The child of a multi-threaded test: async-signal-safe calls only.
+    // It dies with the test (even a crashed one) and keeps none of its
+    // output pipes open.
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+    int devnull = ::open("/dev/null", O_RDWR);
+    if (devnull >= 0) {
+      ::dup2(devnull, 0);
+      ::dup2(devnull, 1);
+      ::dup2(devnull, 2);
+    }
     if (joinFd.valid()) {
       if (::setns(joinFd.get(), CLONE_NEWNET) != 0) ::_exit(1);
     } else if (o.newNetns && ::unshare(CLONE_NEWNET) != 0) {

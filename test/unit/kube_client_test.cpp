@@ -57,6 +57,19 @@ TEST_F(KubeClient, GetsAnObjectOverTlsWithTheToken) {
   EXPECT_EQ(reqs->back()["status"], 200);
 }
 
+TEST_F(KubeClient, ConnectionsAreReused) {
+  auto before = server_->state();
+  ASSERT_TRUE(before.ok());
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(client_->get(namespacePath("shop")).ok());
+  ASSERT_TRUE(server_->createPod(pod("p")).ok());
+  for (int i = 0; i < 5; ++i)
+    ASSERT_TRUE(client_->mergePatch(podStatusPath("shop", "p"), {{"metadata", {{"labels", {{"n", std::to_string(i)}}}}}}).ok());
+  auto after = server_->state();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ((*after)["connections"].get<int>() - (*before)["connections"].get<int>(), 1)
+      << "15 sequential requests over one connection";
+}
+
 TEST_F(KubeClient, ErrorsAreOneLineWithStatusAndReason) {
   auto missing = client_->get(podPath("shop", "nope"));
   ASSERT_FALSE(missing.ok());

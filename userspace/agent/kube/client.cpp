@@ -108,10 +108,7 @@ struct Deleter {
   void operator()(T* p) const { F(p); }
 };
 void freeSlist(curl_slist* l) { curl_slist_free_all(l); }
-void freeMulti(CURLM* m) { curl_multi_cleanup(m); }
-using EasyPtr = std::unique_ptr<CURL, Deleter<CURL, curl_easy_cleanup>>;
 using SlistPtr = std::unique_ptr<curl_slist, Deleter<curl_slist, freeSlist>>;
-using MultiPtr = std::unique_ptr<CURLM, Deleter<CURLM, freeMulti>>;
 
 Result<std::string> readFile(const std::string& path, const std::string& what) {
   std::ifstream f(path, std::ios::binary);
@@ -280,7 +277,40 @@ size_t Client::onData(char* data, size_t size, size_t n, void* userdata) {
   return len;
 }
 
+struct Client::Handle {
+  CURLM* multi = nullptr;
+  CURL* easy = nullptr;
+  ~Handle() {
+    if (easy) curl_easy_cleanup(easy);
+    if (multi) curl_multi_cleanup(multi);
+  }
+};
+
+Client::Client(ClientConfig config) : config_(std::move(config)) {}
 Client::~Client() = default;
+
+std::unique_ptr<Client::Handle> Client::acquire() {
+  {
+    std::lock_guard lock(poolMu_);
+    if (!pool_.empty()) {
+      auto h = std::move(pool_.back());
+      pool_.pop_back();
+      curl_easy_reset(h->easy);  // options go, the multi's connections stay
+      return h;
+    }
+  }
+  auto h = std::make_unique<Handle>();
+  h->multi = curl_multi_init();
+  h->easy = curl_easy_init();
+  if (!h->multi || !h->easy) return nullptr;
+  return h;
+}
+
+void Client::release(std::unique_ptr<Handle> h) {
+  if (!h) return;
+  std::lock_guard lock(poolMu_);
+  if (pool_.size() < kPoolSize) pool_.push_back(std::move(h));
+}
 
 Result<std::unique_ptr<Client>> Client::create(ClientConfig config) {
   globalInit();
@@ -329,10 +359,16 @@ Result<long> Client::perform(Request& req, std::stop_token stop) {
 }
 
 Result<long> Client::performOnce(Request& req, const std::string& tok, std::stop_token stop) {
-  EasyPtr easy(curl_easy_init());
-  MultiPtr multi(curl_multi_init());
-  if (!easy || !multi) return Error::msg(req.what() + ": libcurl initialisation failed", ENOMEM);
-  CURL* e = easy.get();
+  auto handle = acquire();
+  if (!handle) return Error::msg(req.what() + ": libcurl initialisation failed", ENOMEM);
+  // Back to the pool at every return: its multi handle keeps the connection
+  // open for the next request (no new TCP and TLS handshake per request).
+  struct Release {
+    Client* c;
+    std::unique_ptr<Handle>& h;
+    ~Release() { c->release(std::move(h)); }
+  } release{this, handle};
+  CURL* e = handle->easy;
   req.easy = e;
   char errbuf[CURL_ERROR_SIZE] = {0};
   const std::string url = config_.apiUrl + req.path;
@@ -374,7 +410,7 @@ Result<long> Client::performOnce(Request& req, const std::string& tok, std::stop
   // The multi interface lets the transfer be stopped from another thread
   // (curl_multi_wakeup) and a silent stream be noticed (no data for
   // stallTimeout), which a blocking curl_easy_perform offers neither.
-  CURLM* m = multi.get();
+  CURLM* m = handle->multi;
   curl_multi_add_handle(m, e);
   std::stop_callback wake(stop, [m] { curl_multi_wakeup(m); });
   req.lastData = Clock::now();

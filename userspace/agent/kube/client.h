@@ -143,7 +143,13 @@ class Client {
 
  private:
   struct Request;
-  explicit Client(ClientConfig config) : config_(std::move(config)) {}
+  /// A libcurl multi + easy pair; the multi's connection cache outlives a
+  /// request, so pooled handles reuse connections.
+  struct Handle;
+  static constexpr size_t kPoolSize = 8;
+  explicit Client(ClientConfig config);
+  std::unique_ptr<Handle> acquire();
+  void release(std::unique_ptr<Handle> h);
   /// Runs one request; retries once with a re-read token after a 401.
   Result<long> perform(Request& req, std::stop_token stop);
   Result<long> performOnce(Request& req, const std::string& token, std::stop_token stop);
@@ -151,6 +157,8 @@ class Client {
   static size_t onData(char* data, size_t size, size_t n, void* userdata);
 
   ClientConfig config_;
+  std::mutex poolMu_;
+  std::vector<std::unique_ptr<Handle>> pool_;
   std::mutex tokenMu_;
   std::string token_;
   struct FileStamp {

@@ -73,6 +73,12 @@ std::vector<T> Informer<T>::list(const std::function<bool(const T&)>& pred) cons
 }
 
 template <typename T>
+size_t Informer<T>::size() const {
+  std::lock_guard lock(mu_);
+  return cache_.size();
+}
+
+template <typename T>
 std::string Informer<T>::resourceVersion() const {
   std::lock_guard lock(mu_);
   return resourceVersion_;
@@ -164,12 +170,12 @@ Status Informer<T>::relist(std::stop_token stop) {
   for (const auto& last : removed)
     if (handlers_.deleted) handlers_.deleted(last);
   if (first) {
+    if (handlers_.synced) handlers_.synced();
     {
       std::lock_guard lock(mu_);
-      synced_ = true;
+      synced_ = true;  // after the callbacks: synced() means they all ran
     }
     cv_.notify_all();
-    if (handlers_.synced) handlers_.synced();
   }
   return {};
 }

@@ -69,7 +69,8 @@ struct InformerHandlers {
   std::function<void(const T& old, const T& current)> updated;
   /// With the object's last known state.
   std::function<void(const T& last)> deleted;
-  /// Once, after the first complete list (and its added calls).
+  /// Once, after the first complete list and its added calls (synced()
+  /// turns true right after it returns).
   std::function<void()> synced;
 };
 
@@ -98,7 +99,8 @@ class Informer {
   /// joined. No callback runs after stop() returns. Idempotent.
   void stop();
 
-  /// The first list has completed.
+  /// The first list has completed and its callbacks (added..., then
+  /// synced) have run.
   bool synced() const;
   /// Waits for synced() up to @p timeout.
   bool waitSynced(std::chrono::milliseconds timeout) const;
@@ -109,6 +111,8 @@ class Informer {
   std::vector<T> list() const;
   /// The cached objects @p pred accepts.
   std::vector<T> list(const std::function<bool(const T&)>& pred) const;
+  /// Number of cached objects.
+  size_t size() const;
   /// The resourceVersion the next watch starts from.
   std::string resourceVersion() const;
   InformerStats stats() const;
