@@ -211,6 +211,7 @@ TEST_F(KubeClient, WatchStreamsEventsInOrderWithBookmarks) {
     EXPECT_TRUE(server_->deletePod("shop", "w1").ok());
   });
   WatchOptions o{.fieldSelector = "spec.nodeName=node-a", .resourceVersion = list->resourceVersion, .stallTimeout = 5s};
+  o.onOpen = [&] { seen.push_back("open"); };
   auto end = client_->watch(podsPath(), o, [&](WatchEvent&& ev) {
     std::string what = toString(ev.type);
     if (ev.type != WatchEventType::Bookmark) what += " " + ev.object["metadata"]["name"].get<std::string>();
@@ -220,7 +221,7 @@ TEST_F(KubeClient, WatchStreamsEventsInOrderWithBookmarks) {
   changer.join();
   ASSERT_TRUE(end.ok()) << end.error().message;
   EXPECT_EQ(*end, WatchEnd::Stopped);
-  EXPECT_EQ(seen, (std::vector<std::string>{"MODIFIED w1", "BOOKMARK", "DELETED w1"}));
+  EXPECT_EQ(seen, (std::vector<std::string>{"open", "MODIFIED w1", "BOOKMARK", "DELETED w1"}));
 }
 
 TEST_F(KubeClient, WatchTimeoutEndsTheStreamCleanly) {
@@ -251,8 +252,11 @@ TEST_F(KubeClient, TooOldVersionIsGoneAsEventOrStatus) {
       << gone->message;
 
   ASSERT_TRUE(server_->fault({{"gone_mode", "http"}}).ok());
-  auto http = client_->watch(podsPath(), WatchOptions{.resourceVersion = list->resourceVersion},
-                             [](WatchEvent&&) { return true; });
+  bool opened = false;
+  WatchOptions wo{.resourceVersion = list->resourceVersion};
+  wo.onOpen = [&] { opened = true; };
+  auto http = client_->watch(podsPath(), wo, [](WatchEvent&&) { return true; });
+  EXPECT_FALSE(opened) << "a refused watch is not open";
   ASSERT_FALSE(http.ok());
   EXPECT_TRUE(isGone(http.error()));
   EXPECT_NE(http.error().message.find("&resourceVersion=" + list->resourceVersion + "&allowWatchBookmarks=true: HTTP 410 Expired: too old resource version"),

@@ -201,6 +201,7 @@ struct Client::Request {
   bool isWatch = false;
   std::chrono::milliseconds stallTimeout{0};
   const std::function<bool(WatchEvent&&)>* onEvent = nullptr;
+  const std::function<void()>* onOpen = nullptr;
 
   // Filled by the transfer.
   CURL* easy = nullptr;
@@ -257,6 +258,19 @@ bool deliverLines(std::string& buf, const std::function<bool(WatchEvent&&)>& onE
 }
 
 }  // namespace
+
+size_t Client::onHeader(char* data, size_t size, size_t n, void* userdata) {
+  auto* r = static_cast<Request*>(userdata);
+  size_t len = size * n;
+  r->lastData = Clock::now();
+  // The blank line ends a header block (interim 1xx blocks come first).
+  if (r->onOpen && *r->onOpen && (len == 2 && data[0] == '\r' && data[1] == '\n')) {
+    long status = 0;
+    curl_easy_getinfo(r->easy, CURLINFO_RESPONSE_CODE, &status);
+    if (status == 200) (*r->onOpen)();
+  }
+  return len;
+}
 
 size_t Client::onData(char* data, size_t size, size_t n, void* userdata) {
   auto* r = static_cast<Request*>(userdata);
@@ -401,6 +415,8 @@ Result<long> Client::performOnce(Request& req, const std::string& tok, std::stop
   if (!config_.caFile.empty()) curl_easy_setopt(e, CURLOPT_CAINFO, config_.caFile.c_str());
   curl_easy_setopt(e, CURLOPT_WRITEFUNCTION, onData);
   curl_easy_setopt(e, CURLOPT_WRITEDATA, &req);
+  curl_easy_setopt(e, CURLOPT_HEADERFUNCTION, onHeader);
+  curl_easy_setopt(e, CURLOPT_HEADERDATA, &req);
   if (req.method != "GET") {
     curl_easy_setopt(e, CURLOPT_CUSTOMREQUEST, req.method.c_str());
     curl_easy_setopt(e, CURLOPT_POSTFIELDS, req.body.c_str());
@@ -525,6 +541,7 @@ Result<WatchEnd> Client::watch(const std::string& path, const WatchOptions& o,
   req.isWatch = true;
   req.stallTimeout = o.stallTimeout;
   req.onEvent = &onEvent;
+  req.onOpen = &o.onOpen;
   auto status = perform(req, stop);
   if (!status) return status.error();
   if (req.handlerStopped) return WatchEnd::Stopped;

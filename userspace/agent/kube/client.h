@@ -96,6 +96,9 @@ struct WatchOptions {
   /// catches a stream that is open but dead (a half-open TCP connection, a
   /// server that stopped sending).
   std::chrono::milliseconds stallTimeout{0};
+  /// Called (on the calling thread) once the server has accepted the watch
+  /// (HTTP 200 headers received), before any event.
+  std::function<void()> onOpen;
 };
 
 enum class WatchEventType { Added, Modified, Deleted, Bookmark, Error };
@@ -155,6 +158,8 @@ class Client {
   Result<long> performOnce(Request& req, const std::string& token, std::stop_token stop);
   /// libcurl's write callback (userdata: the Request).
   static size_t onData(char* data, size_t size, size_t n, void* userdata);
+  /// libcurl's header callback: notices the end of a 200 answer's headers.
+  static size_t onHeader(char* data, size_t size, size_t n, void* userdata);
 
   ClientConfig config_;
   std::mutex poolMu_;

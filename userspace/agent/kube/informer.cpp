@@ -204,14 +204,17 @@ void Informer<T>::run(std::stop_token stop) {
                     .resourceVersion = resourceVersion(),
                     .allowBookmarks = true,
                     .timeout = std::chrono::seconds(spread(rng_)),
-                    .stallTimeout = options_.stallTimeout};
+                    .stallTimeout = options_.stallTimeout,
+                    .onOpen = [this] {
+                      std::lock_guard lock(mu_);
+                      stats_.connected = true;
+                    }};
     bool gone = false;
     uint64_t events = 0;
     std::optional<Error> eventError;
     {
       std::lock_guard lock(mu_);
       ++stats_.watches;
-      stats_.connected = true;
     }
     auto started = Clock::now();
     auto onEvent = [&](WatchEvent&& ev) -> bool {
