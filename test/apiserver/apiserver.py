@@ -338,6 +338,16 @@ class State:
 STATE = None
 
 
+def send_json(handler, code, body):
+    data = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(data)))
+    handler.end_headers()
+    handler.wfile.write(data)
+    handler.wfile.flush()
+
+
 def write_chunk(wfile, data):
     wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
     wfile.flush()
@@ -370,13 +380,7 @@ class ApiHandler(BaseHTTPRequestHandler):
     # -- plumbing ----------------------------------------------------------------
 
     def send_json(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-        self.wfile.flush()
+        send_json(self, code, body)
 
     def send_error_status(self, err):
         self.send_json(err.code, err.status)
@@ -685,12 +689,7 @@ class AdminHandler(BaseHTTPRequestHandler):
         pass
 
     def send_json(self, code, body):
-        data = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        send_json(self, code, body)
 
     def body(self):
         n = int(self.headers.get("Content-Length") or 0)

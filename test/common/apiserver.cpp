@@ -49,6 +49,25 @@ json namespaceObject(const std::string& name, const std::map<std::string, std::s
   return {{"metadata", meta}, {"status", {{"phase", "Active"}}}};
 }
 
+void ApiServerTest::SetUp() {
+  auto s = TestApiServer::start();
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  server_ = std::move(*s);
+  auto c = kube::Client::create(server_->clientConfig());
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  client_ = std::move(*c);
+  ASSERT_TRUE(server_->createNamespace("shop").ok());
+}
+
+TestPod ApiServerTest::shopPod(const std::string& name, const std::string& node) {
+  TestPod p;
+  p.namespaceName = "shop";
+  p.name = name;
+  p.node = node;
+  p.ips = {"10.1.0.1"};
+  return p;
+}
+
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {

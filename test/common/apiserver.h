@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
 #include "loader/result.h"
@@ -100,6 +101,17 @@ class TestApiServer {
   pid_t pid_ = -1;
   uint16_t apiPort_ = 0;
   uint16_t adminPort_ = 0;
+};
+
+/// A test with its own API server, a client of it, and the namespace "shop".
+class ApiServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  /// A running pod of "shop" on @p node with IP 10.1.0.1.
+  static TestPod shopPod(const std::string& name, const std::string& node = "node-a");
+
+  std::unique_ptr<TestApiServer> server_;
+  std::unique_ptr<kube::Client> client_;
 };
 
 /// Polls @p cond every 10 ms until it holds or @p timeout passes; whether it held.

@@ -136,18 +136,13 @@ class RecordingDataplane {
   std::vector<EnrollOutcome> outcomes_;
 };
 
-class KubeController : public ::testing::Test {
+class KubeController : public test::ApiServerTest {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (cgroups, network namespaces)";
     ASSERT_TRUE(cgroups_.ok()) << cgroups_.error();
-    auto s = TestApiServer::start();
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    server_ = std::move(*s);
-    auto c = Client::create(server_->clientConfig());
-    ASSERT_TRUE(c.ok()) << c.error().message;
-    client_ = std::move(*c);
-    ASSERT_TRUE(server_->createNamespace("shop").ok());
+    test::ApiServerTest::SetUp();
+    if (HasFatalFailure()) return;
     ASSERT_TRUE(server_->createNamespace("sluice-system").ok());
     // The agent's own pod: host network, on this node, never enrolled.
     TestPod agent;
@@ -220,8 +215,6 @@ class KubeController : public ::testing::Test {
 
   test::TestCgroupRoot cgroups_;
   std::vector<std::unique_ptr<test::TestPodProcess>> processes_;
-  std::unique_ptr<TestApiServer> server_;
-  std::unique_ptr<Client> client_;
   RecordingDataplane dataplane_;
   std::unique_ptr<Controller> controller_;
 };

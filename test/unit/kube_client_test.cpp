@@ -19,29 +19,9 @@ using test::TestApiServer;
 using test::TestPod;
 using namespace std::chrono_literals;
 
-class KubeClient : public ::testing::Test {
+class KubeClient : public test::ApiServerTest {
  protected:
-  void SetUp() override {
-    auto s = TestApiServer::start();
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    server_ = std::move(*s);
-    auto c = Client::create(server_->clientConfig());
-    ASSERT_TRUE(c.ok()) << c.error().message;
-    client_ = std::move(*c);
-    ASSERT_TRUE(server_->createNamespace("shop").ok());
-  }
-
-  TestPod pod(const std::string& name, const std::string& node = "node-a") {
-    TestPod p;
-    p.namespaceName = "shop";
-    p.name = name;
-    p.node = node;
-    p.ips = {"10.1.0.1"};
-    return p;
-  }
-
-  std::unique_ptr<TestApiServer> server_;
-  std::unique_ptr<Client> client_;
+  static TestPod pod(const std::string& name, const std::string& node = "node-a") { return shopPod(name, node); }
 };
 
 TEST_F(KubeClient, GetsAnObjectOverTlsWithTheToken) {

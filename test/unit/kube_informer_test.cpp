@@ -55,25 +55,10 @@ class Recorder {
   std::vector<std::string> calls_;
 };
 
-class KubeInformer : public ::testing::Test {
+class KubeInformer : public test::ApiServerTest {
  protected:
-  void SetUp() override {
-    auto s = TestApiServer::start();
-    ASSERT_TRUE(s.ok()) << s.error().message;
-    server_ = std::move(*s);
-    auto c = Client::create(server_->clientConfig());
-    ASSERT_TRUE(c.ok()) << c.error().message;
-    client_ = std::move(*c);
-    ASSERT_TRUE(server_->createNamespace("shop").ok());
-  }
-
   Status addPod(const std::string& name, const std::string& node = "node-a") {
-    TestPod p;
-    p.namespaceName = "shop";
-    p.name = name;
-    p.node = node;
-    p.ips = {"10.1.0.1"};
-    auto r = server_->createPod(p);
+    auto r = server_->createPod(shopPod(name, node));
     if (!r) return r.error();
     return {};
   }
@@ -113,8 +98,6 @@ class KubeInformer : public ::testing::Test {
     return names;
   }
 
-  std::unique_ptr<TestApiServer> server_;
-  std::unique_ptr<Client> client_;
   Recorder rec_;
 };
 

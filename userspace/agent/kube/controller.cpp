@@ -142,14 +142,17 @@ void Controller::startup(std::stop_token stop) {
   if (stop.stop_requested()) return;
   loadRegistry();
   std::vector<std::string> keys;
+  size_t registered;
   {
     std::lock_guard lock(mu_);
     for (const auto& [uid, s] : enrolled_) keys.push_back(uid);
+    registered = keys.size();
     counters_.synced = true;
   }
-  for (const auto& p : pods_->list()) keys.push_back(p.uid);
-  spdlog::info("kube: caches synced ({} pods on {}, {} namespaces); reconciling {} enrolled pods", pods_->size(),
-               options_.nodeName, namespaces_->size(), keys.size() - pods_->size());
+  auto pods = pods_->list();
+  for (const auto& p : pods) keys.push_back(p.uid);
+  spdlog::info("kube: caches synced ({} pods on {}, {} namespaces); reconciling them with {} enrolled pods",
+               pods.size(), options_.nodeName, namespaces_->size(), registered);
   for (const auto& k : keys) queue_.add(k);
   {
     std::lock_guard lock(mu_);
