@@ -119,6 +119,7 @@ TestCgroupRoot::TestCgroupRoot() {
                                                                            : "";
   if (v2base.empty()) {
     error_ = "no cgroup v2 hierarchy at /sys/fs/cgroup or /sys/fs/cgroup/unified";
+    unavailable_ = true;
     return;
   }
   auto make = [&](const std::string& base) -> std::string {

@@ -33,9 +33,12 @@ class TestCgroupRoot {
   TestCgroupRoot(const TestCgroupRoot&) = delete;
   TestCgroupRoot& operator=(const TestCgroupRoot&) = delete;
 
-  /// False when no cgroup hierarchy could be used; error() says why.
+  /// False when no cgroup hierarchy could be used; error() says why (tests
+  /// skip with it when there is no cgroup v2 mounted at all).
   bool ok() const { return error_.empty(); }
   const std::string& error() const { return error_; }
+  /// No cgroup v2 hierarchy is mounted (a reason to skip, not a failure).
+  bool unavailable() const { return unavailable_; }
   /// The test parent in each hierarchy a pod of @p driver is put in: the v2
   /// one, plus pids (cgroupfs) or name=systemd (systemd) when mounted.
   std::vector<std::string> parents(CgroupDriver driver) const;
@@ -44,6 +47,7 @@ class TestCgroupRoot {
   std::string name_;
   std::string v2_, pids_, systemd_;  ///< test parents ("" when not mounted)
   std::string error_;
+  bool unavailable_ = false;
 };
 
 struct TestPodProcessOptions {

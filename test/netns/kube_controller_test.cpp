@@ -140,6 +140,7 @@ class KubeController : public test::ApiServerTest {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (cgroups, network namespaces)";
+    if (cgroups_.unavailable()) GTEST_SKIP() << cgroups_.error();
     ASSERT_TRUE(cgroups_.ok()) << cgroups_.error();
     test::ApiServerTest::SetUp();
     if (HasFatalFailure()) return;

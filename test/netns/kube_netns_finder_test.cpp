@@ -26,6 +26,7 @@ class KubeNetnsFinder : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (cgroups, network namespaces)";
+    if (root_.unavailable()) GTEST_SKIP() << root_.error();
     ASSERT_TRUE(root_.ok()) << root_.error();
   }
 
