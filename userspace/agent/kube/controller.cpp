@@ -186,6 +186,15 @@ void Controller::worker() {
   }
 }
 
+void Controller::retryWarn(const std::string& key, const std::string& message) {
+  // mu_ is held. The first failure of a run and every 20th after it are
+  // warnings; the retries between them (every 5 s at most) are debug lines.
+  auto it = retries_.find(key);
+  uint32_t failures = it == retries_.end() ? 0 : it->second.failures();
+  if (failures % 20 == 0) spdlog::warn("{}", message);
+  else spdlog::debug("{} (attempt {})", message, failures + 1);
+}
+
 Result<NetnsLocation> Controller::locateNetns(const Pod& pod) {
   std::lock_guard lock(scanMu_);
   // One pass over /proc serves every pod looked up shortly after (a
@@ -236,7 +245,7 @@ bool Controller::reconcile(const std::string& uid) {
     std::lock_guard lock(mu_);
     if (!s) {
       ++counters_.unenrollFailures;
-      spdlog::warn("kube: pod {} is gone; removing it failed (will retry): {}", uid, s.error().message);
+      retryWarn(uid, fmt::format("kube: pod {} is gone; removing it failed (will retry): {}", uid, s.error().message));
       return false;
     }
     ++counters_.unenrolls;
@@ -266,8 +275,8 @@ bool Controller::reconcile(const std::string& uid) {
       if (!loc) {
         std::lock_guard lock(mu_);
         ++counters_.netnsNotFound;
-        spdlog::warn("kube: pod {} is selected ({}) but its network namespace was not found (will retry): {}",
-                     pod->fullName(), d.reason, loc.error().message);
+        retryWarn(uid, fmt::format("kube: pod {} is selected ({}) but its network namespace was not found (will retry): {}",
+                                   pod->fullName(), d.reason, loc.error().message));
         return false;
       }
       for (const auto& w : d.warnings) spdlog::warn("kube: {}", w);
@@ -275,7 +284,7 @@ bool Controller::reconcile(const std::string& uid) {
       std::lock_guard lock(mu_);
       if (!r) {
         ++counters_.enrollFailures;
-        spdlog::warn("kube: enrolling pod {} failed (will retry): {}", pod->fullName(), r.error().message);
+        retryWarn(uid, fmt::format("kube: enrolling pod {} failed (will retry): {}", pod->fullName(), r.error().message));
         return false;
       }
       ++counters_.enrolls;
@@ -290,7 +299,7 @@ bool Controller::reconcile(const std::string& uid) {
       std::lock_guard lock(mu_);
       if (!s) {
         ++counters_.updateFailures;
-        spdlog::warn("kube: new settings for pod {} failed (will retry): {}", pod->fullName(), s.error().message);
+        retryWarn(uid, fmt::format("kube: new settings for pod {} failed (will retry): {}", pod->fullName(), s.error().message));
         return false;
       }
       ++counters_.updates;
@@ -304,7 +313,8 @@ bool Controller::reconcile(const std::string& uid) {
     std::lock_guard lock(mu_);
     if (!s) {
       ++counters_.unenrollFailures;
-      spdlog::warn("kube: removing pod {} ({}) failed (will retry): {}", pod->fullName(), d.reason, s.error().message);
+      retryWarn(uid, fmt::format("kube: removing pod {} ({}) failed (will retry): {}", pod->fullName(), d.reason,
+                                 s.error().message));
       return false;
     }
     ++counters_.unenrolls;
@@ -366,7 +376,8 @@ bool Controller::reconcileAnnotation(const Pod& pod, const std::optional<State>&
   if (!r) {
     if (isNotFound(r.error())) return true;  // deleted meanwhile
     ++counters_.patchFailures;
-    spdlog::warn("kube: pod {}: status annotation not updated (will retry): {}", pod.fullName(), r.error().message);
+    retryWarn(kStatusKeyPrefix + pod.uid,
+              fmt::format("kube: pod {}: status annotation not updated (will retry): {}", pod.fullName(), r.error().message));
     return false;
   }
   ++counters_.patches;

@@ -213,6 +213,9 @@ class Controller {
   void queueStatus(const Pod& pod, const std::optional<State>& state);
   static constexpr const char* kStatusKeyPrefix = "status/";
   Result<NetnsLocation> locateNetns(const Pod& pod);
+  /// Logs a failure that will be retried (mu_ held): a warning the first
+  /// time and every 20th, debug otherwise.
+  void retryWarn(const std::string& key, const std::string& message);
   void enqueueNamespace(const std::string& ns);
   void loadRegistry();
   void notifyCache();
