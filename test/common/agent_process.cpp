@@ -24,6 +24,8 @@ std::string uniqueTmp(const std::string& what) {
   return "/tmp/sluice-t-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
 }
 
+}  // namespace
+
 Result<pid_t> spawnWithLog(const std::vector<std::string>& argv, const std::string& logPath) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -40,7 +42,6 @@ Result<pid_t> spawnWithLog(const std::vector<std::string>& argv, const std::stri
   return pid;
 }
 
-// Waits for pid up to timeout; the exit code, or -1 on timeout.
 int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -52,6 +53,8 @@ int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
+
+namespace {
 
 std::string readFile(const std::string& path) {
   std::ifstream f(path);

@@ -54,4 +54,12 @@ struct AgentRun {
 };
 AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout = std::chrono::seconds(20));
 
+/// Spawns argv (argv[0] a path) with stdin from /dev/null and stdout and
+/// stderr appended to @p logPath; the child's pid.
+Result<pid_t> spawnWithLog(const std::vector<std::string>& argv, const std::string& logPath);
+
+/// Waits for @p pid up to @p timeout: its exit code (128+N for signal N), or
+/// -1 on time-out.
+int waitExit(pid_t pid, std::chrono::milliseconds timeout);
+
 }  // namespace sluice::test
