@@ -68,15 +68,6 @@ TestPod ApiServerTest::shopPod(const std::string& name, const std::string& node)
   return p;
 }
 
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (;;) {
-    if (cond()) return true;
-    if (std::chrono::steady_clock::now() > deadline) return false;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));
-  }
-}
-
 Result<std::unique_ptr<TestApiServer>> TestApiServer::start(int window) {
   std::unique_ptr<TestApiServer> s(new TestApiServer());
   if (s->dir_.path().empty()) return Error::msg("test API server: no temporary directory", EIO);

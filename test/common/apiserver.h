@@ -19,6 +19,7 @@
 #include "loader/result.h"
 #include "test/common/tempdir.h"
 #include "userspace/agent/kube/client.h"
+#include "test/common/topology.h"
 
 namespace sluice::test {
 
@@ -114,7 +115,5 @@ class ApiServerTest : public ::testing::Test {
   std::unique_ptr<kube::Client> client_;
 };
 
-/// Polls @p cond every 10 ms until it holds or @p timeout passes; whether it held.
-bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = std::chrono::seconds(10));
 
 }  // namespace sluice::test

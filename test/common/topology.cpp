@@ -953,6 +953,15 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
   return c;
 }
 
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
 Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout) {
   auto c = tcpConnect(ns, dst, ConnectOptions{timeout});
   SLUICE_TRY(c);

@@ -204,6 +204,10 @@ Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chron
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
 
+/// Polls @p cond every 5 ms until it holds (true) or @p timeout passes
+/// (false, after one last look).
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 10s);
+
 /// One short connection from inside @p ns to @p dst: connect, a 1-byte
 /// echo, close. Fails with what went wrong (the connection loops of the
 /// restart and upgrade tests count these).
