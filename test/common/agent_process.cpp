@@ -67,13 +67,16 @@ std::string readFile(const std::string& path) {
 
 Result<std::unique_ptr<AgentProcess>> AgentProcess::start(const std::string& bpffsRoot, std::vector<std::string> extra,
                                                           std::string socket, const std::string& netnsPath,
-                                                          const std::string& binary) {
+                                                          const std::string& binary,
+                                                          const std::vector<std::string>& wrapper) {
   std::unique_ptr<AgentProcess> p(new AgentProcess());
   p->ownsSocketName_ = socket.empty();
   p->socket_ = socket.empty() ? uniqueTmp("agent") + ".sock" : socket;
   p->logPath_ = uniqueTmp("agent") + ".log";
-  std::vector<std::string> argv;
-  if (!netnsPath.empty()) argv = {"/usr/bin/nsenter", "--net=" + netnsPath, "--"};  // execs: same pid
+  std::vector<std::string> argv = wrapper;
+  if (!netnsPath.empty())
+    for (const std::string& a : {std::string("/usr/bin/nsenter"), "--net=" + netnsPath, std::string("--")})
+      argv.push_back(a);  // execs: same pid
   for (const std::string& a : {binary.empty() ? builtBinary("sluiced") : binary, std::string("--bpffs"), bpffsRoot, std::string("--socket"),
                                p->socket_, std::string("--metrics-address"), std::string("off"),
                                std::string("--reconcile-interval"), std::string("0"), std::string("--log-level"),
@@ -120,14 +123,17 @@ int AgentProcess::stop(int sig, std::chrono::milliseconds timeout) {
 
 std::string AgentProcess::log() const { return readFile(logPath_); }
 
-AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                                const std::vector<std::string>& wrapper) {
   AgentRun r;
   std::string logPath = uniqueTmp("agent-run") + ".log";
-  std::vector<std::string> argv = {builtBinary("sluiced")};
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(builtBinary("sluiced"));
   argv.insert(argv.end(), args.begin(), args.end());
   auto pid = spawnWithLog(argv, logPath);
   if (!pid.ok()) {
     r.log = pid.error().message;
+    ::unlink(logPath.c_str());  // the child may have opened it before its exec failed
     return r;
   }
   r.exitCode = waitExit(*pid, timeout);

@@ -12,6 +12,7 @@
 #include <string>
 #include <thread>
 
+#include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/fd.h"
 #include "userspace/agent/metrics.h"
@@ -32,6 +33,9 @@ struct AgentOptions {
   std::string ztunnelSocket;
   /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
   std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
+  /// Start even when the bpffs is private to the agent's mount namespace
+  /// (every pin goes with it).
+  bool allowPrivateBpffs = false;
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -81,6 +85,8 @@ class Agent {
   Status handOff(const PodInfo& pod);
   /// ZDS: the pods of a new connection's snapshot.
   std::vector<zds::SnapshotEntry> snapshot();
+  /// Refuses a bpffs private to this mount namespace unless allowed.
+  Status checkBpffs();
 
   AgentOptions options_;
   std::unique_ptr<Datapath> dp_;
@@ -105,6 +111,7 @@ class Agent {
   std::string lastReconcileError_;  ///< under dpMu_
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
+  BpffsMount bpffsMount_;
 };
 
 }  // namespace sluice::agent

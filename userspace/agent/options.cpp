@@ -13,6 +13,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
                [--tc-mode auto|tcx|legacy] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
+               [--allow-private-bpffs]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
   --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
@@ -29,6 +30,9 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            ztunnel is connected. Default: no hand-off
   --ztunnel-timeout-ms MS  ZDS deadlines: hello, request write, ack read, idle
                            check interval (default 5000)
+  --allow-private-bpffs    start even when the bpffs is private to the agent's
+                           mount namespace (every pin, and every pod's
+                           redirection, then goes with it); refused otherwise
   --version                print the version
 
 On start the agent loads its programs, switches every enrolled pod's hooks
@@ -50,6 +54,10 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
     if (flag == "--version") {
       d.version = true;
       return d;
+    }
+    if (flag == "--allow-private-bpffs") {
+      d.agent.allowPrivateBpffs = true;
+      continue;
     }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
                                       "--tc-mode", "--reconcile-interval", "--ztunnel-socket",

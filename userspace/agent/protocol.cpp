@@ -292,7 +292,8 @@ json encodeHealth(const Health& h) {
   return {{"version", h.version},   {"protocol", h.protocol}, {"bpffs", h.bpffsRoot},
           {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
           {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
-          {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections}};
+          {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections},
+          {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
 }
 
 Result<Health> decodeHealth(const json& j) {
@@ -308,6 +309,8 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(str(j, "last_reconcile_error", h.lastReconcileError));
   SLUICE_TRY(str(j, "ztunnel_socket", h.ztunnelSocket));
   SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
+  SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));
+  SLUICE_TRY(str(j, "bpffs_scope_why", h.bpffsScopeWhy));
   return h;
 }
 
