@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <set>
 
@@ -139,6 +140,34 @@ std::string hostPin(const std::string& dir, const sluice_pod_iface& host, TcHook
   return dir + "/host_" + std::string(host.name, strnlen(host.name, sizeof(host.name))) + "_" + tcHookName(hook);
 }
 
+// Whether the netns a pod was enrolled from is gone: its file is missing,
+// is no netns any more (the placeholder of an unmounted /var/run/netns
+// entry), or names another netns now.
+Result<bool> recordedNetnsGone(const sluice_pod_record& rec) {
+  std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  auto ns = openNetns(path);
+  if (!ns.ok()) {
+    if (ns.error().code == ENOENT || ns.error().code == EINVAL) return true;
+    return ns.error();
+  }
+  bool other = false;
+  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
+    auto cookie = currentNetnsCookie();
+    SLUICE_TRY(cookie);
+    other = *cookie != rec.netns_cookie;
+    return {};
+  }));
+  return other;
+}
+
+Status requireAbsolute(const std::string& path, const char* what) {
+  if (!path.empty() && path[0] != '/')
+    return Error::msg(std::string(what) + " path '" + path +
+                          "' is relative: give an absolute path (every sluice process must find the same file)",
+                      EINVAL);
+  return {};
+}
+
 uint64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
@@ -228,6 +257,13 @@ const char* handoffStateName(HandoffState s) {
     case HandoffState::None: break;
   }
   return "not handed off";
+}
+
+std::string absoluteNetnsPath(const std::string& path) {
+  if (path.empty() || path[0] == '/') return path;
+  std::error_code ec;
+  auto abs = std::filesystem::absolute(path, ec);
+  return ec ? path : abs.lexically_normal().string();
 }
 
 PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
@@ -334,6 +370,8 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   SLUICE_TRY(validatePodIdentity(spec.identity));
   if (spec.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
     return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " --reroute-iface", EINVAL);
+  SLUICE_TRY(requireAbsolute(spec.netnsPath, "netns"));
+  if (spec.nodeNetnsPath) SLUICE_TRY(requireAbsolute(*spec.nodeNetnsPath, "node netns"));
   auto ns = openNetns(spec.netnsPath);
   SLUICE_TRY(ns);
   auto lock = StateLock::acquire(options_.bpffsRoot);
@@ -355,6 +393,15 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   TcMode mode = spec.tcMode.value_or(options_.tcMode);
   std::string pinDir = linkDir(id);
   auto existing = programs_->pods.lookup(podKey(id));
+  if (existing) {
+    // A pod whose netns is gone (no agent swept it) must not block its id.
+    auto gone = recordedNetnsGone(*existing);
+    SLUICE_TRY(gone);
+    if (*gone) {
+      SLUICE_TRY(reapStale(id, *existing, "its id"));
+      existing.reset();
+    }
+  }
   bool alreadyEnrolled = false;
   int podVethIfindex = 0, peerIfindex = 0;
   if (spec.ips.size() > SLUICE_MAX_POD_ADDRS)
@@ -629,12 +676,26 @@ Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int pod
     rec.addr_count = 0;  // nothing on the node translates towards this pod
     return {};
   }
-  // The pod's addresses (Istio's probe ipset). An address another pod has
-  // registered is a conflict, not something to take over.
+  // The pod's addresses (Istio's probe ipset). An address another live pod
+  // has registered is a conflict, not something to take over; one held by
+  // a pod whose netns is gone (or by none) is reaped.
   for (uint32_t i = 0; i < rec.addr_count; i++) {
     auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
-    if (owner && owner->netns_cookie != rec.netns_cookie)
-      return Error::msg("address " + formatPodAddr(rec.addrs[i]) + " is already registered for another pod", EEXIST);
+    if (!owner || owner->netns_cookie == rec.netns_cookie) continue;
+    const std::string addr = formatPodAddr(rec.addrs[i]);
+    std::optional<std::pair<std::string, sluice_pod_record>> holder;
+    for (const auto& key : programs_->pods.keys())
+      if (auto other = programs_->pods.lookup(key); other && other->netns_cookie == owner->netns_cookie)
+        holder = {fromFixed(key.id, sizeof(key.id)), *other};
+    if (!holder) {
+      spdlog::warn("pod {}: address {} was registered for no enrolled pod (a stale entry); taking it over", id, addr);
+      continue;
+    }
+    auto gone = recordedNetnsGone(holder->second);
+    SLUICE_TRY(gone);
+    if (!*gone)
+      return Error::msg("address " + addr + " is already registered for another pod ('" + holder->first + "')", EEXIST);
+    SLUICE_TRY(reapStale(holder->first, holder->second, "address " + addr));
   }
   for (uint32_t i = 0; i < rec.addr_count; i++)
     SLUICE_TRY(programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}));
@@ -832,6 +893,14 @@ Status Datapath::setHandoff(const std::string& id, HandoffState state, const std
   Status st = programs_->pods.update(podKey(id), *rec, BPF_EXIST);
   if (!st.ok() && st.error().code == ENOENT) return {};
   return st;
+}
+
+Status Datapath::reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held) {
+  spdlog::warn("reaping pod '{}': its netns {} is gone, and it still held {}", id,
+               fromFixed(rec.netns_path, sizeof(rec.netns_path)), held);
+  Status st = teardown(id, rec);
+  if (!st.ok()) return Error::msg("could not reap pod '" + id + "' whose netns is gone: " + st.error().message, st.error().code);
+  return {};
 }
 
 Status Datapath::removePod(const std::string& id) {

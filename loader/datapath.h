@@ -161,6 +161,12 @@ std::string defaultPodId(const std::string& netnsPath);
 /// Pod ids are 1-63 characters of [A-Za-z0-9._-].
 Status validatePodId(const std::string& id);
 
+/// @p path made absolute against the working directory (and lexically
+/// normalised); absolute paths are returned as they are. What the CLI and
+/// the CNI plugin record: the agent's sweep runs elsewhere, and a relative
+/// path there names another file -- a live pod would look gone.
+std::string absoluteNetnsPath(const std::string& path);
+
 /// "pod 'ID' is not enrolled" (ENOENT).
 Error notEnrolledError(const std::string& id);
 
@@ -179,7 +185,9 @@ class Datapath {
   static Result<std::unique_ptr<Datapath>> open(const DatapathOptions& options);
 
   /// Enrolls a pod netns. Idempotent for the same netns, settings and
-  /// identity; an error when the id or netns is enrolled otherwise. A
+  /// identity; an error when the id or netns is enrolled otherwise. A pod
+  /// whose netns is gone does not block its id or addresses: it is removed
+  /// first (and a warning says so). Relative netns paths are refused. A
   /// failure half way rolls back everything it did. With @p hook, its apply
   /// runs after the redirection is in place (again for an enrolled pod: a
   /// retried hand-off; failing then leaves the enrollment in place).
@@ -236,6 +244,9 @@ class Datapath {
   /// checkPod / reconcile of one pod, the lock held.
   PodCheck inspect(const std::string& id, const sluice_pod_record& rec, bool repair);
   Status teardown(const std::string& id, const sluice_pod_record& rec);
+  /// teardown of a pod whose netns is gone and that still holds something
+  /// a new enrollment needs (@p held: "its id", "address A"); says so.
+  Status reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held);
   /// Node side of addPod: finds the host-side veth in the node netns and
   /// attaches the probe SNAT programs; registers the pod's addresses.
   Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,

@@ -35,6 +35,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <climits>
 #include <iostream>
 #include <cstring>
 #include <filesystem>
@@ -110,6 +111,9 @@ class CniRuntime {
 
   std::string cniPath() const { return binDir_ + ":" + kSystemCniDir; }
 
+  /// The runtime's working directory for the plugins ("": the test's).
+  std::string cwd;
+
   /// The plugin binary of @p type, looked up in CNI_PATH order.
   std::string pluginPath(const std::string& type) const {
     for (const auto& dir : {binDir_, std::string(kSystemCniDir)})
@@ -133,7 +137,8 @@ class CniRuntime {
     add("CNI_IFNAME", p.ifname);
     add("CNI_ARGS", p.args);
     add("CNI_PATH", cniPath());
-    auto r = sh("nsenter --net=" + shellQuote(node_.path()) + " env -i " + env + " " + shellQuote(binary) + " < " +
+    std::string cd = cwd.empty() ? "" : "cd " + shellQuote(cwd) + " && ";
+    auto r = sh(cd + "nsenter --net=" + shellQuote(node_.path()) + " env -i " + env + " " + shellQuote(binary) + " < " +
                 shellQuote(in));
     ::unlink(in.c_str());
     return r;
@@ -689,6 +694,30 @@ TEST_F(Cni, DelAfterTheNetnsIsGoneCleansUp) {
   EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});
   pod_.remove();
   auto del = rt.checkOrDel(list_, params_, "DEL", add.result);
+  ASSERT_TRUE(del.ok) << del.describe();
+  expectNoPodState();
+}
+
+// A runtime that passes CNI_NETNS relative to its working directory: the
+// agent gets (and records) the absolute path, so its sweep, which runs in
+// another directory, finds the pod; DEL works the same way.
+TEST_F(Cni, RelativeNetnsIsRecordedAbsolute) {
+  startAgent();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  rt.cwd = "/var/run/netns";
+  CniParams p = params_;
+  p.netns = pod_.name();
+  auto add = rt.add(list_, p);
+  ASSERT_TRUE(add.ok) << add.describe();
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  char real[PATH_MAX];
+  ASSERT_TRUE(::realpath(rt.cwd.c_str(), real));
+  EXPECT_EQ(pods[0].netnsPath, std::string(real) + "/" + pod_.name());
+  auto check = client().check(podId_);
+  ASSERT_TRUE(check.ok()) << check.error().message;
+  EXPECT_TRUE(check->intact) << check->problems.size();
+  auto del = rt.checkOrDel(list_, p, "DEL", add.result);
   ASSERT_TRUE(del.ok) << del.describe();
   expectNoPodState();
 }

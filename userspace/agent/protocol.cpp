@@ -133,6 +133,7 @@ Result<PodSpec> decodePodSpec(const json& j) {
   if (j.contains("nodeNetns") && !j["nodeNetns"].is_null()) {
     std::string node;
     SLUICE_TRY(str(j, "nodeNetns", node));
+    if (!node.empty() && node[0] != '/') return bad("'pod.nodeNetns' must be an absolute path (or \"\": the agent's netns)");
     s.nodeNetnsPath = node;
   }
   if (j.contains("tcMode") && !j["tcMode"].is_null()) {

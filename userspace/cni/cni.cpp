@@ -82,7 +82,8 @@ Result<agent::Client> connectAgent(const NetConf& conf) {
 
 Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::string& id) {
   PodSpec spec;
-  spec.netnsPath = env.netns;
+  // The runtime's working directory is ours, not the agent's.
+  spec.netnsPath = absoluteNetnsPath(env.netns);
   spec.id = id;
   spec.dnsCapture = conf.dnsCapture;
   spec.inboundCapture = conf.inboundCapture;

@@ -64,8 +64,10 @@ global options:
   --tc-mode MODE    auto (tcx when the kernel has it), tcx, or legacy (clsact)
   --log-level LVL   trace, debug, info, warn (default), error, off
 
-PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net); --id defaults to
-the netns file's name (pid-PID for /proc/PID/ns/net).
+PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net; a relative PATH is
+taken from the current directory and recorded absolute); --id defaults to
+the netns file's name (pid-PID for /proc/PID/ns/net). A pod whose netns is
+gone does not block its id or addresses: pod add removes it (and says so).
 --node-netns names the netns of the pod's host-side interface, where probe
 SNAT is attached (default: the one sluicectl runs in); --ip overrides the
 pod addresses found in the pod netns.
@@ -150,7 +152,8 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     SLUICE_TRY(v);
     if (flag == "--netns") {
       if (v->empty()) return usageError("--netns needs a path");
-      cmd.pod.netnsPath = *v;
+      // Recorded for the agent's sweep, which runs elsewhere: absolute.
+      cmd.pod.netnsPath = absoluteNetnsPath(*v);
       haveNetns = true;
     } else if (flag == "--id") {
       SLUICE_TRY(validatePodId(*v));
@@ -169,7 +172,7 @@ Result<Command> parse(const std::vector<std::string>& argv) {
       cmd.pod.rerouteIfaces.push_back(*v);
     } else if (flag == "--node-netns") {
       if (v->empty()) return usageError("--node-netns needs a path");
-      cmd.pod.nodeNetnsPath = *v;
+      cmd.pod.nodeNetnsPath = absoluteNetnsPath(*v);
     } else if (flag == "--ip") {
       in6_addr buf{};
       if (inet_pton(AF_INET, v->c_str(), &buf) != 1 && inet_pton(AF_INET6, v->c_str(), &buf) != 1)
