@@ -1,8 +1,11 @@
 #include "test/common/agent_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -122,6 +125,18 @@ int AgentProcess::stop(int sig, std::chrono::milliseconds timeout) {
 }
 
 std::string AgentProcess::log() const { return readFile(logPath_); }
+
+uint16_t freeLoopbackPort() {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return 0;
+  return ntohs(a.sin_port);
+}
 
 AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
                                 const std::vector<std::string>& wrapper) {

@@ -48,6 +48,10 @@ class AgentProcess {
   bool ownsSocketName_ = false;
 };
 
+/// A loopback TCP port that was free a moment ago (bind 0, read, close) for
+/// an agent's --metrics-address; 0 on failure.
+uint16_t freeLoopbackPort();
+
 /// Starts sluiced with these arguments and returns its exit code and log
 /// (for start-up failures); the process is killed after the timeout.
 struct AgentRun {

@@ -142,6 +142,12 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
   if (a->metricsFd_.valid()) a->metricsThread_ = std::thread([p = a.get()] { p->acceptLoop(p->metricsFd_.get(), true); });
   if (options.reconcileInterval.count() > 0) a->reconcileThread_ = std::thread([p = a.get()] { p->reconcileLoop(); });
+  if (!options.cniConfDir.empty()) {
+    cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket};
+    auto watcher = cni::ConfWatcher::start(w, [p = a.get()](const cni::WatchEvent& e) { p->metrics_.cniConf(e.restored); });
+    SLUICE_TRY(watcher);
+    a->cniWatcher_ = std::move(*watcher);
+  }
   return a;
 }
 
@@ -173,6 +179,7 @@ Agent::~Agent() { stop(); }
 
 void Agent::stop() {
   if (stopping_.exchange(true)) return;
+  cniWatcher_.reset();
   if (stopFd_.valid()) {
     uint64_t one = 1;
     (void)!::write(stopFd_.get(), &one, sizeof(one));

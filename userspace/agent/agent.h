@@ -18,6 +18,7 @@
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"
 #include "userspace/agent/zds/server.h"
+#include "userspace/cni/watch.h"
 
 namespace sluice::agent {
 
@@ -36,6 +37,10 @@ struct AgentOptions {
   /// Start even when the bpffs is private to the agent's mount namespace
   /// (every pin goes with it).
   bool allowPrivateBpffs = false;
+  /// The CNI config dir to keep sluice-cni in (userspace/cni/watch.h); ""
+  /// watches nothing. The entry's agentSocket: cniAgentSocket, else socketPath.
+  std::string cniConfDir;
+  std::string cniAgentSocket;
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -112,6 +117,7 @@ class Agent {
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
   BpffsMount bpffsMount_;
+  std::unique_ptr<cni::ConfWatcher> cniWatcher_;
 };
 
 }  // namespace sluice::agent
