@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "loader/bpffs.h"
 #include "test/common/agent_process.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
@@ -47,6 +48,13 @@ constexpr const char* kPodman = "/usr/bin/podman";
 constexpr const char* kRunc = "/usr/bin/runc";
 constexpr const char* kBusybox = "/bin/busybox";
 constexpr const char* kSystemCniDir = "/usr/lib/cni";
+
+// runc needs a cgroup filesystem (v1 or v2) in its mount table.
+bool cgroupsMounted() {
+  for (const auto& m : parseMountinfo(readTextFile("/proc/self/mountinfo")))
+    if (m.fsType == "cgroup" || m.fsType == "cgroup2") return true;
+  return false;
+}
 
 bool isFile(const std::string& p) {
   struct stat st {};
@@ -122,6 +130,9 @@ class PodmanRuntime : public ::testing::TestWithParam<TcMode> {
     if (std::string why = tcModeUnsupported(GetParam()); !why.empty()) GTEST_SKIP() << why;
     for (const char* p : {kPodman, kRunc, kBusybox})
       if (!isFile(p)) GTEST_SKIP() << p << " missing: install podman, runc and busybox-static (scripts/install-deps.sh)";
+    if (!cgroupsMounted())
+      GTEST_SKIP() << "no cgroup filesystem mounted: runc cannot create a container (the 6.1 guest of "
+                      "vagrant/run-local.sh mounts none)";
     for (const char* p : {"bridge", "host-local"})
       if (!isFile(std::string(kSystemCniDir) + "/" + p))
         GTEST_SKIP() << kSystemCniDir << "/" << p << " missing: install containernetworking-plugins";
