@@ -73,6 +73,19 @@ class BpffsScope : public ::testing::Test {
     ::unlink(socket_.c_str());
   }
 
+  /// Starts the agent under @p wrapper and reads its health.
+  void startAgent(const std::string& root, const std::vector<std::string>& extra,
+                  const std::vector<std::string>& wrapper, agent::Health& health) {
+    auto a = AgentProcess::start(root, extra, socket_, "", "", wrapper);
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    agent_ = std::move(*a);
+    auto c = agent_->client();
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    auto h = c->health();
+    ASSERT_TRUE(h.ok()) << h.error().message;
+    health = *h;
+  }
+
   std::vector<std::string> agentArgs(const std::string& root) const {
     return {"--bpffs", root, "--socket", socket_, "--metrics-address", "off"};
   }
@@ -110,19 +123,14 @@ TEST_F(BpffsScope, PrivateBpffsIsRefusedNamingTheConsequence) {
 TEST_F(BpffsScope, PrivateBpffsWithTheFlagStartsAndWarns) {
   std::string root = dir_.path() + "/sluice";
   std::vector<std::string> extra = {"--allow-private-bpffs"};
-  auto a = AgentProcess::start(root, extra, socket_, "", "", privateBpffsWrapper(dir_.path(), false));
-  ASSERT_TRUE(a.ok()) << a.error().message;
-  agent_ = std::move(*a);
+  agent::Health h;
+  ASSERT_NO_FATAL_FAILURE(startAgent(root, extra, privateBpffsWrapper(dir_.path(), false), h));
   EXPECT_EQ(countLines(agent_->log(), " warning "), 1u) << agent_->log();
   EXPECT_NE(agent_->log().find("warning sluiced: --allow-private-bpffs: bpffs "), std::string::npos) << agent_->log();
   EXPECT_NE(agent_->log().find("is private to the agent's mount namespace"), std::string::npos) << agent_->log();
 
-  auto c = agent_->client();
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  auto h = c->health();
-  ASSERT_TRUE(h.ok()) << h.error().message;
-  EXPECT_EQ(h->bpffsScope, "private");
-  EXPECT_NE(h->bpffsScopeWhy.find("the host's mount table (PID 1's) has no bpffs "), std::string::npos) << h->bpffsScopeWhy;
+  EXPECT_EQ(h.bpffsScope, "private");
+  EXPECT_NE(h.bpffsScopeWhy.find("the host's mount table (PID 1's) has no bpffs "), std::string::npos) << h.bpffsScopeWhy;
 
   CommandResult st = runCommand({builtBinary("sluicectl"), "--bpffs", root, "--socket", socket_, "status"});
   EXPECT_EQ(st.exitCode, 0) << st.describe();
@@ -147,15 +155,10 @@ TEST_F(BpffsScope, PrivateBpffsWithTheFlagStartsAndWarns) {
 // DaemonSet's container with its hostPath is.
 TEST_F(BpffsScope, HostBpffsInAPrivateMountNamespaceIsAccepted) {
   std::vector<std::string> wrapper = {"/usr/bin/unshare", "--mount", "--propagation", "private"};
-  auto a = AgentProcess::start(hostBpffs_.root(), {}, socket_, "", "", wrapper);
-  ASSERT_TRUE(a.ok()) << a.error().message;
-  agent_ = std::move(*a);
-  auto c = agent_->client();
-  ASSERT_TRUE(c.ok());
-  auto h = c->health();
-  ASSERT_TRUE(h.ok()) << h.error().message;
-  EXPECT_EQ(h->bpffsScope, "host");
-  EXPECT_NE(h->bpffsScopeWhy.find("the host mounts the same bpffs at "), std::string::npos) << h->bpffsScopeWhy;
+  agent::Health h;
+  ASSERT_NO_FATAL_FAILURE(startAgent(hostBpffs_.root(), {}, wrapper, h));
+  EXPECT_EQ(h.bpffsScope, "host");
+  EXPECT_NE(h.bpffsScopeWhy.find("the host mounts the same bpffs at "), std::string::npos) << h.bpffsScopeWhy;
   EXPECT_EQ(countLines(agent_->log(), " warning "), 0u) << agent_->log();
 
   // And what the test process itself sees: the host's namespace.
@@ -189,16 +192,11 @@ TEST_F(BpffsScope, WithoutHostPidASlaveMountIsAccepted) {
                                       "mount --make-shared /sys/fs/bpf && exec unshare --pid --fork --kill-child "
                                       "--mount --propagation slave sh -c 'mount -t proc proc /proc && exec \"$@\"' sh \"$@\"",
                                       "sh"};
-  auto a = AgentProcess::start(hostBpffs_.root(), {}, socket_, "", "", wrapper);
-  ASSERT_TRUE(a.ok()) << a.error().message;
-  agent_ = std::move(*a);
-  auto c = agent_->client();
-  ASSERT_TRUE(c.ok());
-  auto h = c->health();
-  ASSERT_TRUE(h.ok()) << h.error().message;
-  EXPECT_EQ(h->bpffsScope, "host");
-  EXPECT_NE(h->bpffsScopeWhy.find("its propagation (master:"), std::string::npos) << h->bpffsScopeWhy;
-  EXPECT_NE(h->bpffsScopeWhy.find(") ties it to mounts outside this namespace"), std::string::npos) << h->bpffsScopeWhy;
+  agent::Health h;
+  ASSERT_NO_FATAL_FAILURE(startAgent(hostBpffs_.root(), {}, wrapper, h));
+  EXPECT_EQ(h.bpffsScope, "host");
+  EXPECT_NE(h.bpffsScopeWhy.find("its propagation (master:"), std::string::npos) << h.bpffsScopeWhy;
+  EXPECT_NE(h.bpffsScopeWhy.find(") ties it to mounts outside this namespace"), std::string::npos) << h.bpffsScopeWhy;
 }
 
 }  // namespace

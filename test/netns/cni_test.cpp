@@ -44,8 +44,9 @@
 #include <vector>
 
 #include "loader/datapath.h"
-#include "test/common/tempdir.h"
 #include "test/common/agent_process.h"
+#include "test/common/cni_conf.h"
+#include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
 #include "userspace/agent/client.h"
@@ -252,25 +253,10 @@ class Cni : public ::testing::Test {
   /// The primary conflist (bridge + host-local), then `sluice-cni install`
   /// into it, the way the DaemonSet's init container does.
   void installConflist(const json& sluiceOptions = json::object()) {
-    json list = {{"cniVersion", "1.0.0"},
-                 {"name", network_},
-                 {"plugins",
-                  {{{"type", "bridge"},
-                    {"bridge", bridge_},
-                    {"isGateway", true},
-                    {"isDefaultGateway", true},
-                    {"ipMasq", false},
-                    {"ipam",
-                     {{"type", "host-local"},
-                      {"dataDir", work_.file("ipam")},
-                      {"ranges", {{{{"subnet", subnetPrefix_ + "0/24"}}}}}}}}}}};
-    ASSERT_TRUE(writeTextFile(work_.file("net.d/10-test.conflist"), list.dump(2)));
-    auto r = runCommand({builtBinary("sluice-cni"), "install", "--cni-conf-dir", work_.file("net.d"), "--cni-bin-dir",
-                         work_.file("bin"), "--agent-socket", socket()});
-    ASSERT_EQ(r.exitCode, 0) << r.describe();
-    list_ = json::parse(readTextFile(work_.file("net.d/10-test.conflist")));
-    ASSERT_EQ(list_["plugins"].size(), 2u) << list_;
-    ASSERT_EQ(list_["plugins"][1]["type"], "sluice-cni") << list_;
+    auto installed = installBridgeConflist({work_.file("net.d"), work_.file("bin"), "10-test.conflist", network_, bridge_,
+                                            subnetPrefix_, work_.file("ipam"), socket()});
+    ASSERT_TRUE(installed.ok()) << installed.error().message;
+    list_ = *installed;
     for (const auto& [k, v] : sluiceOptions.items()) list_["plugins"][1][k] = v;
   }
 

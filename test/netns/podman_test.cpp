@@ -34,6 +34,7 @@
 
 #include "loader/bpffs.h"
 #include "test/common/agent_process.h"
+#include "test/common/cni_conf.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "userspace/cni/cni.h"
@@ -188,29 +189,14 @@ class PodmanRuntime : public ::testing::TestWithParam<TcMode> {
   void writeConflist() {
     for (const char* d : {"net.d", "bin", "ipam"}) ASSERT_TRUE(fs::create_directories(work_.file(d)));
     std::string bridge = "pmbr" + std::to_string(::getpid() % 10000) + "-" + std::to_string(n_);
-    json list = {{"cniVersion", "1.0.0"},
-                 {"name", network_},
-                 {"plugins",
-                  {{{"type", "bridge"},
-                    {"bridge", bridge},
-                    {"isGateway", true},
-                    {"isDefaultGateway", true},
-                    {"ipMasq", false},
-                    {"ipam",
-                     {{"type", "host-local"},
-                      {"dataDir", work_.file("ipam")},
-                      {"ranges", {{{{"subnet", subnet_ + "0/24"}}}}}}}}}}};
-    ASSERT_TRUE(writeTextFile(work_.file("net.d/10-" + network_ + ".conflist"), list.dump(2)));
-    auto r = runCommand({builtBinary("sluice-cni"), "install", "--cni-conf-dir", work_.file("net.d"), "--cni-bin-dir",
-                         work_.file("bin"), "--agent-socket", work_.file("agent.sock")});
-    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    auto installed = installBridgeConflist({work_.file("net.d"), work_.file("bin"), "10-" + network_ + ".conflist",
+                                            network_, bridge, subnet_, work_.file("ipam"), work_.file("agent.sock")});
+    ASSERT_TRUE(installed.ok()) << installed.error().message;
     // Debug level: sluice-cni logs the CNI_ARGS it got. Podman drops the
     // stderr of a plugin that succeeds, so the log goes to a file too.
-    json installed = json::parse(readTextFile(work_.file("net.d/10-" + network_ + ".conflist")));
-    ASSERT_EQ(installed["plugins"].back()["type"], "sluice-cni") << installed;
-    installed["plugins"].back()["logLevel"] = "debug";
-    installed["plugins"].back()["logFile"] = work_.file("sluice-cni.log");
-    ASSERT_TRUE(writeTextFile(work_.file("net.d/10-" + network_ + ".conflist"), installed.dump(2)));
+    (*installed)["plugins"].back()["logLevel"] = "debug";
+    (*installed)["plugins"].back()["logFile"] = work_.file("sluice-cni.log");
+    ASSERT_TRUE(writeTextFile(work_.file("net.d/10-" + network_ + ".conflist"), installed->dump(2)));
   }
 
   /// podman run -d: a persistent echo server on :8080 as the app.

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "loader/pod_types.h"
 #include "loader/pod_stats.h"
 #include "loader/result.h"
 

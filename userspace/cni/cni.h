@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "loader/result.h"
-#include "loader/tc.h"
+#include "loader/tc_mode.h"
 
 namespace sluice::cni {
 
