@@ -271,6 +271,8 @@ TEST_P(PodmanRuntime, ContainerTrafficGoesThroughTheStandInAndRmRemovesThePod) {
   EXPECT_EQ(enrolled[0].ips, std::vector<std::string>{ip});
   EXPECT_EQ(enrolled[0].tcMode, modeName(GetParam()));
   EXPECT_FALSE(enrolled[0].hostIface.empty()) << "probe SNAT on the bridge port";
+  // Podman's K8S_POD_NAME is the pod's name; it passes no uid or namespace.
+  EXPECT_EQ(enrolled[0].identity, (PodIdentity{"", name, "", ""}));
 
   // The proxy's place: the stand-in in the container's netns.
   StandInConfig cfg = testStandInConfig();
