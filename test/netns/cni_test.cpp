@@ -623,9 +623,11 @@ TEST_F(Cni, NodeModelOneNodeProxyServesEveryPod) {
   EXPECT_GE(atAgentRestart, 6u);
   // The old proxy's connections in flight are reset when it stops (see
   // HandOff.AgentAndNodeProxyRestartsLoseNothing); nothing else may fail.
-  for (size_t i = agentFailures.size(); i < failures.size(); i++)
-    if (kernelAssignsReuseport())
+  for (size_t i = agentFailures.size(); i < failures.size(); i++) {
+    if (kernelAssignsReuseport()) {
       EXPECT_NE(failures[i].find("Connection reset by peer"), std::string::npos) << failures[i];
+    }
+  }
   std::cout << "node model: " << ok.load() << " connections across the agent's kill -9 and the node proxy's "
             << "replacement, " << failures.size() << " reset by the old proxy's stop\n";
 
