@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
- * The socket mode: the redirection contract (../shared/spec/redirection.md,
+ * The socket mode: the redirection contract (docs/redirection.md,
  * rules 1-9) at the socket layer instead of the TC hooks.
  *
  *   app connect(D) ──▶ pod_connect4/6 (cgroup, node-wide): D kept on the

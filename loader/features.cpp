@@ -131,22 +131,6 @@ Feature probeSocketHooks() {
 
 }  // namespace
 
-const char* captureModeName(CaptureMode m) {
-  switch (m) {
-    case CaptureMode::Auto: return "auto";
-    case CaptureMode::Tc: return "tc";
-    case CaptureMode::Socket: return "socket";
-  }
-  return "?";
-}
-
-Result<CaptureMode> parseCaptureMode(const std::string& s) {
-  if (s == "auto") return CaptureMode::Auto;
-  if (s == "tc") return CaptureMode::Tc;
-  if (s == "socket") return CaptureMode::Socket;
-  return Error::msg("invalid --capture '" + s + "' (expected auto, tc or socket)", EINVAL);
-}
-
 std::string socketUnavailableReason(const FeatureReport& r) {
   if (!r.cgroup2.present) return "no cgroup v2 hierarchy is mounted (the socket hooks attach to one): " + r.cgroup2.how;
   if (!r.socketHooks.present) return "kernel " + r.release + " lacks the socket hooks: " + r.socketHooks.how;

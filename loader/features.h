@@ -43,17 +43,6 @@ const char* podCookieMethodName(PodCookieMethod m);
 /// Inverse of podCookieMethodName for "kfunc" and "probe-read".
 Result<PodCookieMethod> parsePodCookieMethod(const std::string& s);
 
-/// Where a pod's traffic is captured.
-enum class CaptureMode {
-  Auto,    ///< socket where the kernel has every hook it needs, else tc
-  Tc,      ///< programs at the TC hooks of the pod's interfaces
-  Socket,  ///< cgroup socket hooks of the node + sk_lookup in the pod's netns
-};
-/// "auto" | "tc" | "socket".
-const char* captureModeName(CaptureMode m);
-/// Inverse of captureModeName; the error names --capture.
-Result<CaptureMode> parseCaptureMode(const std::string& s);
-
 /// One probed feature: whether the kernel has it and how that was decided
 /// (which probe answered what, or which version rule applied).
 struct Feature {

@@ -954,9 +954,9 @@ bool kernelAssignsReuseport() {
   return !f.ok() || f->reuseportAssign.present;
 }
 
-StandInConfig testStandInConfig() {
+StandInConfig testStandInConfig(CaptureMode capture) {
   StandInConfig c;
-  c.reuseport = kernelAssignsReuseport();
+  c.reuseport = capture == CaptureMode::Socket || kernelAssignsReuseport();
   return c;
 }
 
@@ -968,6 +968,24 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
   c.initialBackoff = std::chrono::milliseconds(5);
   c.maxBackoff = std::chrono::milliseconds(50);
   return c;
+}
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
+Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout) {
+  auto c = tcpConnect(ns, dst, ConnectOptions{timeout});
+  SLUICE_TRY(c);
+  auto e = echoRoundTrip(c->get(), "x", timeout);
+  SLUICE_TRY(e);
+  if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
+  return {};
 }
 
 std::string httpGetLoopback(uint16_t port, const std::string& path) {

@@ -205,6 +205,15 @@ Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chron
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
 
+/// Polls @p cond every 5 ms until it holds (true) or @p timeout passes
+/// (false, after one last look).
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 10s);
+
+/// One short connection from inside @p ns to @p dst: connect, a 1-byte
+/// echo, close. Fails with what went wrong (the connection loops of the
+/// restart and upgrade tests count these).
+Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout = 3s);
+
 /// An HTTP/1.0 GET of @p path from 127.0.0.1:@p port (in the caller's
 /// netns): the whole answer (status line, headers, body), or what failed.
 std::string httpGetLoopback(uint16_t port, const std::string& path);
@@ -463,10 +472,11 @@ std::string tcModeUnsupported(TcMode m);
 /// sockets, so the harness starts the stand-in without it.
 bool kernelAssignsReuseport();
 
-/// The stand-in's defaults, without SO_REUSEPORT where the kernel cannot
-/// assign such sockets: what every test whose stand-in receives redirected
-/// traffic starts from.
-StandInConfig testStandInConfig();
+/// The stand-in's defaults, with ztunnel's SO_REUSEPORT wherever the
+/// capture mode can serve it (the socket mode on every kernel; the TC mode
+/// where the kernel can assign such sockets, Linux 6.6+): what every test
+/// whose stand-in receives redirected traffic starts from.
+StandInConfig testStandInConfig(CaptureMode capture = CaptureMode::Tc);
 
 /// The node proxy stand-in connecting to @p zdsPath with ztunnel's per-pod
 /// socket choices, SO_REUSEPORT only where the kernel can assign such

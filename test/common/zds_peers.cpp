@@ -62,15 +62,6 @@ bool sendWithFds(int sock, const std::string& data, const std::vector<int>& fds)
   return ::sendmsg(sock, &msg, MSG_NOSIGNAL) == static_cast<ssize_t>(data.size());
 }
 
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (pred()) return true;
-    std::this_thread::sleep_for(5ms);
-  }
-  return pred();
-}
-
 zds::ServerOptions testServerOptions(const std::string& path, std::chrono::milliseconds deadline) {
   zds::ServerOptions o;
   o.socketPath = path;

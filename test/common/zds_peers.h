@@ -18,6 +18,7 @@
 #include "loader/result.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
+#include "test/common/topology.h"
 
 namespace sluice::test {
 
@@ -34,8 +35,6 @@ size_t openFdCount();
 /// Sends @p data as one datagram with @p fds in one SCM_RIGHTS message.
 bool sendWithFds(int sock, const std::string& data, const std::vector<int>& fds = {});
 
-/// Polls @p pred every few ms until it holds or @p timeout passes.
-bool eventually(const std::function<bool()>& pred, std::chrono::milliseconds timeout = 2s);
 
 /// One request as a fake ztunnel received it.
 struct ReceivedRequest {

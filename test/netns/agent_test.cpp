@@ -161,8 +161,7 @@ class Agent : public ::testing::TestWithParam<ModeParam> {
   void enrollWithProxy() {
     auto info = client().addPod(spec());
     ASSERT_TRUE(info.ok()) << info.error().message << "\n" << agent_->log();
-    StandInConfig cfg = testStandInConfig();
-    cfg.reuseport = socket() || cfg.reuseport;  // ztunnel's default wherever the mode serves it
+    StandInConfig cfg = testStandInConfig(agentMode().capture);
     cfg.netnsPath = topo_.pod().path();
     auto s = ProxyStandIn::start(cfg);
     ASSERT_TRUE(s.ok()) << s.error().message;
@@ -178,14 +177,7 @@ class Agent : public ::testing::TestWithParam<ModeParam> {
 
   // One outbound connection through the redirect: connect, 1-byte echo,
   // close. Fails with what went wrong.
-  Status oneConnection(const Endpoint& server) {
-    auto c = tcpConnect(topo_.pod(), server, ConnectOptions{std::chrono::seconds(3)});
-    SLUICE_TRY(c);
-    auto e = echoRoundTrip(c->get(), "x", std::chrono::seconds(3));
-    SLUICE_TRY(e);
-    if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
-    return {};
-  }
+  Status oneConnection(const Endpoint& server) { return connectAndEcho(topo_.pod(), server); }
 
   TestBpffs bpffs_;
   PodTopology topo_;
@@ -566,18 +558,8 @@ TEST_P(AgentApi, SluicectlUsesTheAgent) {
 
 // Prometheus metrics over HTTP on loopback.
 TEST_P(AgentApi, MetricsAreServedOnLoopback) {
-  // A free port: bind 0, read it, close (the agent binds it right after).
-  uint16_t port = 0;
-  {
-    Fd s(::socket(AF_INET, SOCK_STREAM, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
+  uint16_t port = freeLoopbackPort();
+  ASSERT_NE(port, 0);
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok());
   startAgent({"--metrics-address", "127.0.0.1:" + std::to_string(port)});

@@ -1,4 +1,4 @@
-// The redirection contract (shared/spec/redirection.md, rules 1-9 and the
+// The redirection contract (docs/redirection.md, rules 1-9 and the
 // per-pod options) with real traffic through real namespaces, in every mode
 // (captured at TC with tcx or legacy (clsact) attachment, and captured at the
 // socket), over IPv4 and IPv6. The stand-in keeps ztunnel's SO_REUSEPORT

@@ -102,7 +102,7 @@ TEST_P(SluicectlMode, AddListStatsRemove) {
 
   // Traffic through the pod enrolled by the CLI goes to the stand-in.
   {
-    StandInConfig cfg = testStandInConfig();
+    StandInConfig cfg = testStandInConfig(socket ? CaptureMode::Socket : CaptureMode::Tc);
     cfg.netnsPath = topo.pod().path();
     auto standIn = ProxyStandIn::start(cfg);
     ASSERT_TRUE(standIn.ok()) << standIn.error().message;

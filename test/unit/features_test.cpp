@@ -27,7 +27,19 @@ FeatureReport linux61() {
   r.tcx = off("link probe: BPF_LINK_CREATE refuses attach type BPF_TCX_INGRESS (EINVAL)");
   r.tcxLinkUpdate = off("needs tcx");
   r.reuseportAssign = off("kernel before 6.6: bpf_sk_assign answers -ESOCKTNOSUPPORT");
+  r.cgroup2 = on("cgroup2 mounted at /sys/fs/cgroup");
+  r.socketHooks = on("program and helper probes");
   EXPECT_TRUE(choosePodCookieMethod(r, "").ok());
+  return r;
+}
+
+// Ubuntu 22.04's kernel: sk_lookup programs cannot read the packet's
+// interface yet, so the socket mode is not available.
+FeatureReport linux515() {
+  FeatureReport r = linux61();
+  r.release = "5.15.0-91-generic";
+  r.version = *KernelVersion::parse(r.release);
+  r.socketHooks = off("program probe: sk_lookup programs cannot read ingress_ifindex (Linux 5.17+)");
   return r;
 }
 
@@ -134,10 +146,11 @@ TEST(ReuseportWarning, OnlyBefore66) {
 
 TEST(FeatureSummary, OneLogLine) {
   EXPECT_EQ(summarizeFeatures(linux618()),
-            "kernel 6.18.44-fc-v1045: attach tcx links; pod cookie via kfunc; SO_REUSEPORT proxies supported");
-  EXPECT_EQ(summarizeFeatures(linux61()),
-            "kernel 6.1.0-57-amd64: attach clsact + cls_bpf (no tcx); pod cookie via probe-read; SO_REUSEPORT proxies "
-            "NOT supported (Linux 6.6+)");
+            "kernel 6.18.44-fc-v1045: capture at the socket; attach tcx links; pod cookie via kfunc; SO_REUSEPORT "
+            "proxies supported");
+  EXPECT_EQ(summarizeFeatures(linux515()),
+            "kernel 5.15.0-91-generic: capture at TC (no socket hooks); attach clsact + cls_bpf (no tcx); pod cookie "
+            "via probe-read; SO_REUSEPORT proxies NOT supported (Linux 6.6+)");
 }
 
 TEST(StatusCommand, Parse) {
@@ -155,8 +168,9 @@ TEST(StatusCommand, Parse) {
   EXPECT_NE(cli::usage().find("  status     [--json]"), std::string::npos);
 }
 
+// The TC mode on 6.1 (forced: auto captures at the socket there).
 TEST(StatusCommand, TextOnOldKernel) {
-  std::string s = cli::formatStatus(linux61(), TcMode::Auto, false);
+  std::string s = cli::formatStatus(linux61(), TcMode::Auto, false, nullptr, nullptr, CaptureMode::Tc);
   EXPECT_NE(s.find("kernel             6.1.0-57-amd64\n"), std::string::npos) << s;
   EXPECT_NE(s.find("supported          yes\n"), std::string::npos) << s;
   EXPECT_NE(s.find("attach mode        legacy (auto: no tcx, clsact + cls_bpf)\n"), std::string::npos) << s;
@@ -169,6 +183,41 @@ TEST(StatusCommand, TextOnOldKernel) {
   s = cli::formatStatus(linux61(), TcMode::Tcx, false);
   EXPECT_NE(s.find("attach mode        tcx (forced, but the kernel lacks tcx: pod add will fail)\n"), std::string::npos)
       << s;
+}
+
+// --capture auto resolves by the probes, a forced mode says what will fail,
+// and SO_REUSEPORT proxies are served wherever the socket mode runs.
+TEST(CaptureMode, ResolvedByTheProbes) {
+  EXPECT_EQ(linux618().autoCapture(), CaptureMode::Socket);
+  EXPECT_EQ(linux61().autoCapture(), CaptureMode::Socket);
+  EXPECT_EQ(linux515().autoCapture(), CaptureMode::Tc);
+  EXPECT_EQ(socketUnavailableReason(linux61()), "");
+  EXPECT_EQ(socketUnavailableReason(linux515()),
+            "kernel 5.15.0-91-generic lacks the socket hooks: program probe: sk_lookup programs cannot read "
+            "ingress_ifindex (Linux 5.17+)");
+  FeatureReport noCgroup = linux618();
+  noCgroup.cgroup2 = off("no cgroup2 filesystem in /proc/self/mountinfo");
+  EXPECT_EQ(noCgroup.autoCapture(), CaptureMode::Tc);
+  EXPECT_EQ(socketUnavailableReason(noCgroup),
+            "no cgroup v2 hierarchy is mounted (the socket hooks attach to one): no cgroup2 filesystem in "
+            "/proc/self/mountinfo");
+
+  std::string s = cli::formatStatus(linux61(), TcMode::Auto, false);
+  EXPECT_NE(s.find("capture            socket (auto: the kernel has the socket hooks)\n"), std::string::npos) << s;
+  EXPECT_NE(s.find("reuseport proxies  yes\n"), std::string::npos) << s;
+  s = cli::formatStatus(linux515(), TcMode::Auto, false);
+  EXPECT_NE(s.find("capture            tc (auto: kernel 5.15.0-91-generic lacks the socket hooks"), std::string::npos) << s;
+  EXPECT_NE(s.find("reuseport proxies  NO"), std::string::npos) << s;
+  s = cli::formatStatus(linux515(), TcMode::Auto, false, nullptr, nullptr, CaptureMode::Socket);
+  EXPECT_NE(s.find("capture            socket (forced, but kernel 5.15.0-91-generic lacks the socket hooks"),
+            std::string::npos)
+      << s;
+  EXPECT_NE(s.find(": pod add will fail)\n"), std::string::npos) << s;
+  auto j = nlohmann::json::parse(cli::formatStatus(linux618(), TcMode::Auto, true, nullptr, nullptr, CaptureMode::Tc));
+  EXPECT_EQ(j["capture"]["requested"], "tc");
+  EXPECT_EQ(j["capture"]["effective"], "tc");
+  EXPECT_EQ(j["capture"]["why"], "forced");
+  EXPECT_EQ(parseCaptureMode("tcx").error().message, "invalid --capture 'tcx' (expected auto, tc or socket)");
 }
 
 TEST(StatusCommand, TextOnUnsupportedKernel) {

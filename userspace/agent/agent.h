@@ -12,11 +12,13 @@
 #include <string>
 #include <thread>
 
+#include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/fd.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"
 #include "userspace/agent/zds/server.h"
+#include "userspace/cni/watch.h"
 
 namespace sluice::agent {
 
@@ -32,6 +34,13 @@ struct AgentOptions {
   std::string ztunnelSocket;
   /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
   std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
+  /// Start even when the bpffs is private to the agent's mount namespace
+  /// (every pin goes with it).
+  bool allowPrivateBpffs = false;
+  /// The CNI config dir to keep sluice-cni in (userspace/cni/watch.h); ""
+  /// watches nothing. The entry's agentSocket: cniAgentSocket, else socketPath.
+  std::string cniConfDir;
+  std::string cniAgentSocket;
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -81,6 +90,8 @@ class Agent {
   Status handOff(const PodInfo& pod);
   /// ZDS: the pods of a new connection's snapshot.
   std::vector<zds::SnapshotEntry> snapshot();
+  /// Refuses a bpffs private to this mount namespace unless allowed.
+  Status checkBpffs();
 
   AgentOptions options_;
   std::unique_ptr<Datapath> dp_;
@@ -105,6 +116,8 @@ class Agent {
   std::string lastReconcileError_;  ///< under dpMu_
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
+  BpffsMount bpffsMount_;
+  std::unique_ptr<cni::ConfWatcher> cniWatcher_;
 };
 
 }  // namespace sluice::agent

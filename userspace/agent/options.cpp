@@ -14,6 +14,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--capture auto|socket|tc] [--tc-mode auto|tcx|legacy]
                [--cgroup DIR] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
+               [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
   --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
@@ -34,6 +35,14 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            ztunnel is connected. Default: no hand-off
   --ztunnel-timeout-ms MS  ZDS deadlines: hello, request write, ack read, idle
                            check interval (default 5000)
+  --allow-private-bpffs    start even when the bpffs is private to the agent's
+                           mount namespace (every pin, and every pod's
+                           redirection, then goes with it); refused otherwise
+  --cni-conf-dir DIR       watch this CNI config dir (inotify) and put sluice-cni
+                           back into the primary conflist whenever the primary
+                           CNI rewrites it without it (default: no watch)
+  --cni-agent-socket PATH  the agentSocket written into that entry: this
+                           socket as the host's runtime sees it (default: --socket)
   --version                print the version
 
 On start the agent loads its programs, switches every enrolled pod's hooks
@@ -56,9 +65,14 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       d.version = true;
       return d;
     }
+    if (flag == "--allow-private-bpffs") {
+      d.agent.allowPrivateBpffs = true;
+      continue;
+    }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
                                       "--tc-mode", "--capture", "--cgroup", "--reconcile-interval",
-                                      "--ztunnel-socket", "--ztunnel-timeout-ms"};
+                                      "--ztunnel-socket", "--ztunnel-timeout-ms", "--cni-conf-dir",
+                                      "--cni-agent-socket"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -94,6 +108,12 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
     } else if (flag == "--cgroup") {
       if (v.empty() || v[0] != '/') return usageError("--cgroup needs an absolute path");
       d.agent.datapath.cgroupPath = v;
+    } else if (flag == "--cni-conf-dir") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-conf-dir needs an absolute path");
+      d.agent.cniConfDir = v;
+    } else if (flag == "--cni-agent-socket") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-agent-socket needs an absolute path");
+      d.agent.cniAgentSocket = v;
     } else if (flag == "--reconcile-interval") {
       if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit))
         return usageError("invalid --reconcile-interval '" + v + "' (expected whole seconds)");
@@ -108,6 +128,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       d.agent.ztunnelTimeout = std::chrono::milliseconds(std::stoul(v));
     }
   }
+  if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
+    return usageError("--cni-agent-socket needs --cni-conf-dir");
   return d;
 }
 

@@ -134,6 +134,7 @@ Result<PodSpec> decodePodSpec(const json& j) {
   if (j.contains("nodeNetns") && !j["nodeNetns"].is_null()) {
     std::string node;
     SLUICE_TRY(str(j, "nodeNetns", node));
+    if (!node.empty() && node[0] != '/') return bad("'pod.nodeNetns' must be an absolute path (or \"\": the agent's netns)");
     s.nodeNetnsPath = node;
   }
   if (j.contains("tcMode") && !j["tcMode"].is_null()) {
@@ -303,7 +304,8 @@ json encodeHealth(const Health& h) {
   return {{"version", h.version},   {"protocol", h.protocol}, {"bpffs", h.bpffsRoot},
           {"capture", h.capture},   {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
           {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
-          {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections}};
+          {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections},
+          {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
 }
 
 Result<Health> decodeHealth(const json& j) {
@@ -320,6 +322,8 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(str(j, "last_reconcile_error", h.lastReconcileError));
   SLUICE_TRY(str(j, "ztunnel_socket", h.ztunnelSocket));
   SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
+  SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));
+  SLUICE_TRY(str(j, "bpffs_scope_why", h.bpffsScopeWhy));
   return h;
 }
 
