@@ -613,9 +613,14 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
                  info.interfaces.size(), describeConfig(info));
   // Not an error: the proxy may not use SO_REUSEPORT. Said at enrolment,
   // because traffic would otherwise just vanish into a dropped handshake.
-  // The socket mode hands connections to reuseport listeners on any kernel.
-  if (auto f = kernelFeatures(); !socketMode && f.ok() && !f->reuseportAssign.present)
-    spdlog::warn("pod {}: {}", id, reuseportWarning(*f));
+  // The socket mode hands connections to reuseport listeners on any kernel,
+  // but a reroute interface's traffic is still captured at TC.
+  if (auto f = kernelFeatures(); f.ok() && !f->reuseportAssign.present) {
+    if (!socketMode)
+      spdlog::warn("pod {}: {}", id, reuseportWarning(*f));
+    else if (rec.config.reroute_count)
+      spdlog::warn("pod {}: its --reroute-iface traffic is captured at TC: {}", id, reuseportWarning(*f));
+  }
   return info;
 }
 

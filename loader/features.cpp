@@ -221,7 +221,9 @@ std::string summarizeFeatures(const FeatureReport& r) {
   return "kernel " + r.release + ": capture " + (r.socketCapable() ? "at the socket" : "at TC (no socket hooks)") +
          "; attach " + (r.tcx.present ? "tcx links" : "clsact + cls_bpf (no tcx)") +
          "; pod cookie via " + podCookieMethodName(r.cookieMethod) + "; SO_REUSEPORT proxies " +
-         (r.reuseportAssign.present ? "supported" : "NOT supported (Linux 6.6+)");
+         (r.reuseportAssign.present ? "supported"
+          : r.socketCapable()       ? "supported at the socket, NOT at TC (Linux 6.6+)"
+                                    : "NOT supported (Linux 6.6+)");
 }
 
 Result<FeatureReport> probeKernelFeatures() {

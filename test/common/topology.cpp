@@ -837,7 +837,9 @@ PodHarness::PodHarness(TcMode mode) : mode_(mode) {}
 
 PodHarness::PodHarness(TcMode mode, CaptureMode capture) : mode_(mode), capture_(capture) {}
 
-bool PodHarness::servesReuseport() const { return capture_ == CaptureMode::Socket || kernelAssignsReuseport(); }
+bool PodHarness::servesReuseport() const {
+  return (capture_ == CaptureMode::Socket && !rerouted_) || kernelAssignsReuseport();
+}
 
 PodHarness::~PodHarness() {
   if (standIn_) standIn_->stop();
@@ -867,6 +869,7 @@ Result<PodInfo> PodHarness::enroll(PodSpec spec, const EnrollHook* hook) {
   SLUICE_TRY(info);
   podId_ = spec.id;
   enrolled_ = true;
+  rerouted_ = !spec.rerouteIfaces.empty();
   return info;
 }
 

@@ -423,13 +423,15 @@ class PodHarness {
   TcMode mode() const { return mode_; }
   CaptureMode capture() const { return capture_; }
   /// Whether the pod's capture can hand connections to SO_REUSEPORT
-  /// listeners here (the socket mode on any kernel, TC from Linux 6.6):
-  /// startStandIn leaves ztunnel's SO_REUSEPORT on exactly then.
+  /// listeners here (the socket mode on any kernel, TC from Linux 6.6; a
+  /// socket-mode pod with --reroute-iface has that interface captured at
+  /// TC): startStandIn leaves ztunnel's SO_REUSEPORT on exactly then.
   bool servesReuseport() const;
 
  private:
   TcMode mode_;
   CaptureMode capture_ = CaptureMode::Tc;
+  bool rerouted_ = false;  ///< the enrolled pod has reroute interfaces
   TestBpffs bpffs_;
   PodTopology topo_;
   std::unique_ptr<Datapath> dp_;

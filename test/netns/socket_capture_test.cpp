@@ -244,20 +244,15 @@ TEST_P(SocketCapture, UdpSocketsSeeTheirResolver) {
 //   node raw IPPROTO_TCP socket: sees nothing from the pod's port
 TEST_P(SocketCapture, RawSocketTcpIsDropped) {
   enrollWithProxy();
-  Fd watch;
-  ASSERT_TRUE(h_->node()
-                  .run([&]() -> Status {
-                    watch = Fd(::socket(family(), SOCK_RAW | SOCK_CLOEXEC, IPPROTO_TCP));
-                    return watch.valid() ? Status() : Error::fromErrno(errno, "raw socket");
-                  })
-                  .ok());
-  Fd app;
-  ASSERT_TRUE(h_->pod()
-                  .run([&]() -> Status {
-                    app = Fd(::socket(family(), SOCK_RAW | SOCK_CLOEXEC, IPPROTO_TCP));
-                    return app.valid() ? Status() : Error::fromErrno(errno, "raw socket");
-                  })
-                  .ok());
+  auto rawTcp = [&](const TestNetns& ns, Fd& out) {
+    return ns.run([&]() -> Status {
+      out = Fd(::socket(family(), SOCK_RAW | SOCK_CLOEXEC, IPPROTO_TCP));
+      return out.valid() ? Status() : Error::fromErrno(errno, "raw socket");
+    });
+  };
+  Fd watch, app;
+  ASSERT_TRUE(rawTcp(h_->node(), watch).ok());
+  ASSERT_TRUE(rawTcp(h_->pod(), app).ok());
   // A SYN from port 47999 to port 8: the TCP header alone (the kernel adds
   // the IP header; the checksum does not matter, it never leaves).
   uint8_t syn[20] = {0xbb, 0x7f, 0x00, 0x08, 0, 0, 0, 1, 0, 0, 0, 0, 0x50, 0x02, 0xff, 0xff, 0, 0, 0, 0};

@@ -148,6 +148,9 @@ TEST(FeatureSummary, OneLogLine) {
   EXPECT_EQ(summarizeFeatures(linux618()),
             "kernel 6.18.44-fc-v1045: capture at the socket; attach tcx links; pod cookie via kfunc; SO_REUSEPORT "
             "proxies supported");
+  EXPECT_EQ(summarizeFeatures(linux61()),
+            "kernel 6.1.0-57-amd64: capture at the socket; attach clsact + cls_bpf (no tcx); pod cookie via "
+            "probe-read; SO_REUSEPORT proxies supported at the socket, NOT at TC (Linux 6.6+)");
   EXPECT_EQ(summarizeFeatures(linux515()),
             "kernel 5.15.0-91-generic: capture at TC (no socket hooks); attach clsact + cls_bpf (no tcx); pod cookie "
             "via probe-read; SO_REUSEPORT proxies NOT supported (Linux 6.6+)");
