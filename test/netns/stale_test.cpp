@@ -41,8 +41,10 @@ class StalePod : public ::testing::TestWithParam<TcMode> {
   }
 
   CommandResult ctl(std::vector<std::string> args, const std::string& cwd = "") {
-    std::vector<std::string> argv = {builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--tc-mode",
-                                     modeName(GetParam())};
+    // Captured at TC in the mode under test (auto would capture at the
+    // socket where the kernel can).
+    std::vector<std::string> argv = {builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--capture", "tc",
+                                     "--tc-mode", modeName(GetParam())};
     argv.insert(argv.end(), args.begin(), args.end());
     if (cwd.empty()) return runCommand(argv);
     std::string line = "cd '" + cwd + "' &&";
@@ -154,7 +156,8 @@ TEST_P(StalePod, RelativeNetnsIsRecordedAbsoluteAndSurvivesTheSweep) {
   EXPECT_EQ(pods[0]["node_netns"], std::string(real) + "/" + a_.node().name());
 
   {
-    auto agent = AgentProcess::start(bpffs_.root(), {"--tc-mode", modeName(GetParam())}, "", a_.node().path());
+    auto agent = AgentProcess::start(bpffs_.root(), {"--capture", "tc", "--tc-mode", modeName(GetParam())}, "",
+                                   a_.node().path());
     ASSERT_TRUE(agent.ok()) << agent.error().message;
     auto c = (*agent)->client();
     ASSERT_TRUE(c.ok());
