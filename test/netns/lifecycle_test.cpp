@@ -480,6 +480,63 @@ TEST_P(Lifecycle, RetriedAddRetriesTheHandOff) {
   EXPECT_EQ(r.applied, 3);
 }
 
+// A running pod enrolled by the Kubernetes controller: a hand-off failure
+// is not fatal. The redirection and the node side stay, the failure is
+// recorded, the add succeeds; a retried add hands it off.
+TEST_P(Lifecycle, NonFatalHandOffFailureKeepsTheRedirection) {
+  RecordingHook r;
+  r.hook.failureIsFatal = false;
+  r.result = Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN);
+  r.hook.apply = [&](const PodInfo&) {
+    r.applied++;
+    return r.result;
+  };
+  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  PodSpec spec;
+  spec.nodeNetnsPath = h_->node().path();
+  auto info = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->handoff, HandoffState::Failed);
+  EXPECT_EQ(info->handoffError, "hand-off to the node proxy failed: no ztunnel connection (retryable)");
+  EXPECT_TRUE(maps().podConfig.lookup(info->netnsCookie)) << "redirection rolled back";
+  EXPECT_FALSE(maps().podAddrs.keys().empty()) << "probe SNAT not in place";
+  EXPECT_EQ(r.undone, 0);
+  // Failing again is still not an error; then the node proxy takes it.
+  auto again = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->handoff, HandoffState::Failed);
+  r.result = Status();
+  auto third = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(third.ok()) << third.error().message;
+  EXPECT_EQ(third->handoff, HandoffState::Acked);
+  EXPECT_EQ(third->handoffError, "");
+  EXPECT_EQ(r.applied, 3);
+}
+
+// A non-fatal hand-off failure followed by a fatal failure of the node side:
+// everything is rolled back and the node proxy is told to forget the pod.
+TEST_P(Lifecycle, FailureAfterNonFatalHandOffFailureUndoesIt) {
+  RecordingHook r;
+  r.hook.failureIsFatal = false;
+  r.result = Error::msg("hand-off failed", EAGAIN);
+  r.hook.apply = [&](const PodInfo&) {
+    r.applied++;
+    return r.result;
+  };
+  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  TestNetns elsewhere("node2");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.error();
+  PodSpec spec;
+  spec.nodeNetnsPath = elsewhere.path();
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok());
+  auto info = h_->enroll(spec, &r.hook);
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.error().message.find("no host-side veth"), std::string::npos) << info.error().message;
+  EXPECT_EQ(r.undone, 1);
+  expectNoPodState(h_->pod().name(), *cookie, &h_->pod());
+}
+
 TEST_P(Lifecycle, SecondIdForSameNetnsFails) {
   ASSERT_TRUE(h_->enroll().ok());
   PodSpec spec;
