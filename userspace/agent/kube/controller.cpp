@@ -23,6 +23,16 @@ std::string describe(const PodSettings& s) {
 
 const char* annotationValue(EnrollOutcome o) { return o == EnrollOutcome::Enabled ? kRedirectionEnabled : kRedirectionPending; }
 
+// A static pod's mirror in the API has its own UID; the runtime passes the
+// static pod's, which kubelet records in this annotation of the mirror.
+constexpr const char* kMirrorAnnotation = "kubernetes.io/config.mirror";
+
+bool isPodWithUid(const Pod& pod, const std::string& uid) {
+  if (pod.uid == uid) return true;
+  auto it = pod.annotations.find(kMirrorAnnotation);
+  return it != pod.annotations.end() && it->second == uid;
+}
+
 }  // namespace
 
 PodRef podRef(const Pod& pod) { return {pod.uid, pod.name, pod.namespaceName, pod.serviceAccount, pod.ips}; }
@@ -263,6 +273,13 @@ bool Controller::reconcile(const std::string& uid) {
   Decision d = decide(*pod, ns->labels, options_.rules);
   bool ok = true;
   if (d.enroll) {
+    if (!state && pod->terminating) {
+      // Being deleted: its sandbox goes away (the CNI DEL may already have
+      // removed it); never enrolled live now.
+      spdlog::debug("kube: pod {}: selected but terminating; not enrolled", pod->fullName());
+      queueStatus(*pod, state);
+      return true;
+    }
     if (!state || state->outcome == EnrollOutcome::Pending) {
       if (pod->ips.empty()) {
         // The kubelet reports the IP after the sandbox (and the CNI ADD) is
@@ -299,6 +316,9 @@ bool Controller::reconcile(const std::string& uid) {
       std::lock_guard lock(mu_);
       if (!s) {
         ++counters_.updateFailures;
+        // Not in the registry any more (removed behind the controller's
+        // back, the sweep): forget it, the retry enrolls it again.
+        if (s.error().code == ENOENT) enrolled_.erase(uid);
         retryWarn(uid, fmt::format("kube: new settings for pod {} failed (will retry): {}", pod->fullName(), s.error().message));
         return false;
       }
@@ -395,6 +415,12 @@ Result<PodAnswer> Controller::podDecision(const PodQuery& q, std::stop_token sto
       pod = pods_->get(q.uid);
       if (pod && (pod->namespaceName != q.namespaceName || pod->name != q.name))
         return Result<PodAnswer>(Error::msg("pod " + who + ": that UID belongs to pod " + pod->fullName(), EINVAL));
+      if (!pod) {
+        auto found = pods_->list([&](const Pod& p) {
+          return p.namespaceName == q.namespaceName && p.name == q.name && isPodWithUid(p, q.uid);
+        });
+        if (found.size() == 1) pod = found.front();
+      }
     } else {
       auto found = pods_->list([&](const Pod& p) { return p.namespaceName == q.namespaceName && p.name == q.name; });
       if (found.size() == 1) pod = found.front();
@@ -438,7 +464,7 @@ Result<PodAnswer> Controller::answerFromApi(const PodQuery& q, std::stop_token s
   if (!pj) return pj.error();
   auto pod = Pod::fromJson(*pj);
   if (!pod) return pod.error();
-  if (!q.uid.empty() && pod->uid != q.uid)
+  if (!q.uid.empty() && !isPodWithUid(*pod, q.uid))
     return Error::msg("pod " + q.namespaceName + "/" + q.name + " has UID " + pod->uid + ", not " + q.uid +
                           " (deleted and created again?)",
                       ESTALE);
