@@ -7,12 +7,13 @@
 namespace sluice::agent {
 
 std::string daemonUsage() {
-  return R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
+  return std::string(R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
 
 usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
                [--tc-mode auto|tcx|legacy] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
+               [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
   --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
@@ -31,6 +32,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            check interval (default 5000)
   --version                print the version
 
+)") + kubeUsage() + R"(
 On start the agent loads its programs, switches every enrolled pod's hooks
 to them in place, removes pods whose netns is gone and repairs damaged ones.
 SIGTERM/SIGINT stop it; the data plane stays in place while it is down.
@@ -38,7 +40,7 @@ The API is documented in docs/agent-api.md.
 )";
 }
 
-Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
+Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env) {
   DaemonArgs d;
   auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
   for (size_t i = 0; i < args.size(); i++) {
@@ -50,6 +52,11 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
     if (flag == "--version") {
       d.version = true;
       return d;
+    }
+    if (isKubeFlag(flag)) {
+      if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
+      if (Status st = applyKubeFlag(d.agent.kube, flag, args[++i]); !st.ok()) return usageError(st.error().message);
+      continue;
     }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
                                       "--tc-mode", "--reconcile-interval", "--ztunnel-socket",
@@ -96,6 +103,7 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       d.agent.ztunnelTimeout = std::chrono::milliseconds(std::stoul(v));
     }
   }
+  if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
   return d;
 }
 
