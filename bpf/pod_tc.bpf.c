@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * sluice's in-pod programs: the BPF counterpart of Istio ambient's in-pod
- * netfilter rules (../shared/spec/redirection.md, rules 1-9).
+ * netfilter rules (docs/redirection.md, rules 1-9).
  *
  *   app ──▶ eth0 egress (pod_egress) ─┐ decide; tag the mark; DNS: DNAT
  *                                     │ bpf_redirect(eth0, BPF_F_INGRESS)

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <set>
 
@@ -139,14 +140,40 @@ std::string hostPin(const std::string& dir, const sluice_pod_iface& host, TcHook
   return dir + "/host_" + std::string(host.name, strnlen(host.name, sizeof(host.name))) + "_" + tcHookName(hook);
 }
 
+// Whether the netns a pod was enrolled from is gone: its file is missing,
+// is no netns any more (the placeholder of an unmounted /var/run/netns
+// entry), or names another netns now.
+Result<bool> recordedNetnsGone(const sluice_pod_record& rec) {
+  std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  auto ns = openNetns(path);
+  if (!ns.ok()) {
+    if (ns.error().code == ENOENT || ns.error().code == EINVAL) return true;
+    return ns.error();
+  }
+  bool other = false;
+  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
+    auto cookie = currentNetnsCookie();
+    SLUICE_TRY(cookie);
+    other = *cookie != rec.netns_cookie;
+    return {};
+  }));
+  return other;
+}
+
+Status requireAbsolute(const std::string& path, const char* what) {
+  if (!path.empty() && path[0] != '/')
+    return Error::msg(std::string(what) + " path '" + path +
+                          "' is relative: give an absolute path (every sluice process must find the same file)",
+                      EINVAL);
+  return {};
+}
+
 uint64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
 }  // namespace
-
-Error notEnrolledError(const std::string& id) { return Error::msg("pod '" + id + "' is not enrolled", ENOENT); }
 
 Error otherSettingsError(const PodInfo& enrolled) {
   return Error::msg("pod '" + enrolled.id + "' is already enrolled with other settings (" + describeConfig(enrolled) +
@@ -174,60 +201,6 @@ Result<sluice_settings> encodeSettings(const Settings& s) {
   if (inet_pton(AF_INET6, s.probeV6.c_str(), out.probe_v6) != 1)
     return Error::msg("settings: invalid IPv6 probe address '" + s.probeV6 + "'", EINVAL);
   return out;
-}
-
-std::string defaultPodId(const std::string& netnsPath) {
-  std::string p = netnsPath;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  // /proc/PID/ns/net and /proc/PID/task/TID/ns/net all end in "net".
-  if (p.rfind("/proc/", 0) == 0 && p.size() > 7 && p.compare(p.size() - 7, 7, "/ns/net") == 0) {
-    std::string rest = p.substr(6, p.size() - 13);
-    std::string pid = rest.substr(0, rest.find('/'));
-    if (!pid.empty() && std::all_of(pid.begin(), pid.end(), ::isdigit)) return "pid-" + pid;
-  }
-  auto slash = p.find_last_of('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
-Status validatePodId(const std::string& id) {
-  if (id.empty()) return Error::msg("pod id is empty", EINVAL);
-  if (id.size() >= SLUICE_ID_LEN)
-    return Error::msg("pod id '" + id + "' is longer than " + std::to_string(SLUICE_ID_LEN - 1) + " characters", EINVAL);
-  for (char c : id)
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
-      return Error::msg("pod id '" + id + "' has characters other than A-Z a-z 0-9 . _ -", EINVAL);
-  return {};
-}
-
-Status validatePodIdentity(const PodIdentity& identity) {
-  struct Field {
-    const char* what;
-    const std::string& value;
-    size_t max;
-  };
-  for (const Field& f : {Field{"uid", identity.uid, SLUICE_UID_LEN - 1}, Field{"pod name", identity.name, 253},
-                         Field{"pod namespace", identity.ns, SLUICE_K8S_NAMESPACE_LEN - 1},
-                         Field{"service account", identity.serviceAccount, 253}}) {
-    if (f.value.size() > f.max)
-      return Error::msg(std::string(f.what) + " '" + f.value.substr(0, 64) + (f.value.size() > 64 ? "...'" : "'") +
-                            " is longer than " + std::to_string(f.max) + " characters",
-                        EINVAL);
-    // Printable ASCII without spaces: these names end up in logs, JSON,
-    // metrics labels and the node proxy's protocol.
-    for (char c : f.value)
-      if (c <= 0x20 || c >= 0x7f)
-        return Error::msg(std::string(f.what) + " has a character that is not printable ASCII (or a space)", EINVAL);
-  }
-  return {};
-}
-
-const char* handoffStateName(HandoffState s) {
-  switch (s) {
-    case HandoffState::Acked: return "acked";
-    case HandoffState::Failed: return "failed";
-    case HandoffState::None: break;
-  }
-  return "not handed off";
 }
 
 PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
@@ -334,6 +307,8 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   SLUICE_TRY(validatePodIdentity(spec.identity));
   if (spec.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
     return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " --reroute-iface", EINVAL);
+  SLUICE_TRY(requireAbsolute(spec.netnsPath, "netns"));
+  if (spec.nodeNetnsPath) SLUICE_TRY(requireAbsolute(*spec.nodeNetnsPath, "node netns"));
   auto ns = openNetns(spec.netnsPath);
   SLUICE_TRY(ns);
   auto lock = StateLock::acquire(options_.bpffsRoot);
@@ -355,6 +330,15 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   TcMode mode = spec.tcMode.value_or(options_.tcMode);
   std::string pinDir = linkDir(id);
   auto existing = programs_->pods.lookup(podKey(id));
+  if (existing) {
+    // A pod whose netns is gone (no agent swept it) must not block its id.
+    auto gone = recordedNetnsGone(*existing);
+    SLUICE_TRY(gone);
+    if (*gone) {
+      SLUICE_TRY(reapStale(id, *existing, "its id"));
+      existing.reset();
+    }
+  }
   bool alreadyEnrolled = false;
   int podVethIfindex = 0, peerIfindex = 0;
   if (spec.ips.size() > SLUICE_MAX_POD_ADDRS)
@@ -634,12 +618,26 @@ Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int pod
     rec.addr_count = 0;  // nothing on the node translates towards this pod
     return {};
   }
-  // The pod's addresses (Istio's probe ipset). An address another pod has
-  // registered is a conflict, not something to take over.
+  // The pod's addresses (Istio's probe ipset). An address another live pod
+  // has registered is a conflict, not something to take over; one held by
+  // a pod whose netns is gone (or by none) is reaped.
   for (uint32_t i = 0; i < rec.addr_count; i++) {
     auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
-    if (owner && owner->netns_cookie != rec.netns_cookie)
-      return Error::msg("address " + formatPodAddr(rec.addrs[i]) + " is already registered for another pod", EEXIST);
+    if (!owner || owner->netns_cookie == rec.netns_cookie) continue;
+    const std::string addr = formatPodAddr(rec.addrs[i]);
+    std::optional<std::pair<std::string, sluice_pod_record>> holder;
+    for (const auto& key : programs_->pods.keys())
+      if (auto other = programs_->pods.lookup(key); other && other->netns_cookie == owner->netns_cookie)
+        holder = {fromFixed(key.id, sizeof(key.id)), *other};
+    if (!holder) {
+      spdlog::warn("pod {}: address {} was registered for no enrolled pod (a stale entry); taking it over", id, addr);
+      continue;
+    }
+    auto gone = recordedNetnsGone(holder->second);
+    SLUICE_TRY(gone);
+    if (!*gone)
+      return Error::msg("address " + addr + " is already registered for another pod ('" + holder->first + "')", EEXIST);
+    SLUICE_TRY(reapStale(holder->first, holder->second, "address " + addr));
   }
   for (uint32_t i = 0; i < rec.addr_count; i++)
     SLUICE_TRY(programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}));
@@ -899,6 +897,14 @@ Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const Capture
   PodInfo before = podInfoFromRecord(id, *rec), after = podInfoFromRecord(id, updated);
   spdlog::info("pod {}: settings changed in place ({} -> {})", id, describeConfig(before), describeConfig(after));
   return after;
+}
+
+Status Datapath::reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held) {
+  spdlog::warn("reaping pod '{}': its netns {} is gone, and it still held {}", id,
+               fromFixed(rec.netns_path, sizeof(rec.netns_path)), held);
+  Status st = teardown(id, rec);
+  if (!st.ok()) return Error::msg("could not reap pod '" + id + "' whose netns is gone: " + st.error().message, st.error().code);
+  return {};
 }
 
 Status Datapath::removePod(const std::string& id) {

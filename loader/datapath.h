@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include "loader/pod_types.h"
 #include "loader/programs.h"
 #include "loader/result.h"
 #include "loader/tc.h"
@@ -38,67 +39,6 @@ struct DatapathOptions {
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
   TcMode tcMode = TcMode::Auto;
   Settings settings;
-};
-
-/// The pod's Kubernetes identity: what the node proxy is told when the pod
-/// is handed to it (ZDS), kept in the registry. All empty for a pod enrolled
-/// without one (by hand, or by a build before identities).
-struct PodIdentity {
-  std::string uid;             ///< metadata.uid
-  std::string name;            ///< metadata.name
-  std::string ns;              ///< metadata.namespace
-  std::string serviceAccount;  ///< spec.serviceAccountName
-  bool empty() const { return uid.empty() && name.empty() && ns.empty() && serviceAccount.empty(); }
-  bool operator==(const PodIdentity&) const = default;
-};
-
-/// Lengths and characters of an identity: the uid 1-47, name and service
-/// account up to 253, namespace up to 63 printable characters without spaces
-/// (EINVAL naming the field otherwise); all may be empty.
-Status validatePodIdentity(const PodIdentity& identity);
-
-/// What `pod add` asks for.
-struct PodSpec {
-  std::string netnsPath;
-  std::string id;  ///< empty: defaultPodId(netnsPath)
-  bool dnsCapture = true;
-  bool inboundCapture = true;
-  std::vector<std::string> rerouteIfaces;
-  /// Node side (probe SNAT): the netns holding the pod's host-side
-  /// interface; "" is the caller's own netns. nullopt: no node side.
-  std::optional<std::string> nodeNetnsPath;
-  /// The pod's addresses for probe SNAT; empty: discovered in the pod netns
-  /// (every address of its non-loopback interfaces but IPv6 link-local).
-  std::vector<std::string> ips;
-  /// Attach mode for this pod; nullopt: the Datapath's (DatapathOptions).
-  std::optional<TcMode> tcMode;
-  PodIdentity identity;
-};
-
-/// The hand-off of a pod to the node proxy, as the registry records it.
-enum class HandoffState { None, Acked, Failed };
-/// "not handed off" | "acked" | "failed".
-const char* handoffStateName(HandoffState s);
-
-/// An enrolled pod as the registry records it.
-struct PodInfo {
-  std::string id;
-  std::string netnsPath;
-  uint64_t netnsCookie = 0;
-  std::string tcMode;  ///< "tcx" | "legacy"
-  bool dnsCapture = true;
-  bool inboundCapture = true;
-  std::vector<std::string> interfaces;     ///< attached (non-loopback)
-  std::vector<std::string> rerouteIfaces;  ///< by name
-  bool ipv6Routes = false;
-  uint64_t enrolledAtNs = 0;
-  std::string hostIface;           ///< node-side interface ("" if none)
-  std::string nodeNetnsPath;       ///< "" = the enrolling process's netns
-  std::vector<std::string> ips;    ///< registered for probe SNAT
-  PodIdentity identity;
-  HandoffState handoff = HandoffState::None;
-  std::string handoffError;  ///< why the last hand-off failed
-  uint64_t handoffAtNs = 0;  ///< CLOCK_REALTIME of the last hand-off change
 };
 
 /// An enrollment step outside the data plane, run by Datapath::addPod once
@@ -145,12 +85,6 @@ struct ProxyIdentity {
 /// @p mark and @p mask get the pinned settings' proxy mark.
 Result<std::optional<ProxyIdentity>> readPinnedProxyIdentity(const std::string& root, uint32_t& mark, uint32_t& mask);
 
-/// Counters summed over CPUs.
-struct PodCounters {
-  std::string id;
-  sluice_pod_stats stats{};
-};
-
 /// What a look at one enrolled pod found (and, when repairing, did).
 struct PodCheck {
   std::string id;
@@ -169,16 +103,6 @@ struct ReconcileReport {
   std::vector<std::string> errors;   ///< what could not be done, one line each
 };
 
-/// The pod id `pod add` uses when --id is not given: the netns file's name
-/// (/var/run/netns/NAME → NAME), or "pid-N" for /proc/N/ns/net.
-std::string defaultPodId(const std::string& netnsPath);
-
-/// Pod ids are 1-63 characters of [A-Za-z0-9._-].
-Status validatePodId(const std::string& id);
-
-/// "pod 'ID' is not enrolled" (ENOENT).
-Error notEnrolledError(const std::string& id);
-
 /// The refusal of a `pod add` whose settings differ from the enrolled
 /// pod's; names the settings in force (EEXIST).
 Error otherSettingsError(const PodInfo& enrolled);
@@ -194,7 +118,9 @@ class Datapath {
   static Result<std::unique_ptr<Datapath>> open(const DatapathOptions& options);
 
   /// Enrolls a pod netns. Idempotent for the same netns, settings and
-  /// identity; an error when the id or netns is enrolled otherwise. A
+  /// identity; an error when the id or netns is enrolled otherwise. A pod
+  /// whose netns is gone does not block its id or addresses: it is removed
+  /// first (and a warning says so). Relative netns paths are refused. A
   /// failure half way rolls back everything it did. With @p hook, its apply
   /// runs after the redirection is in place (again for an enrolled pod: a
   /// retried hand-off; failing then leaves the enrollment in place, and is
@@ -263,6 +189,9 @@ class Datapath {
   /// checkPod / reconcile of one pod, the lock held.
   PodCheck inspect(const std::string& id, const sluice_pod_record& rec, bool repair);
   Status teardown(const std::string& id, const sluice_pod_record& rec);
+  /// teardown of a pod whose netns is gone and that still holds something
+  /// a new enrollment needs (@p held: "its id", "address A"); says so.
+  Status reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held);
   /// Node side of addPod: finds the host-side veth in the node netns and
   /// attaches the probe SNAT programs; registers the pod's addresses.
   Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,

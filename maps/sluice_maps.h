@@ -72,7 +72,7 @@ struct sluice_sock_verdict {
  * and listener searches). Only listeners bound to the wildcard address are
  * kept: for them the search's answer does not depend on the destination
  * (unless a listener bound to a specific address shares the port; the
- * proxy's contract has none, spec/redirection.md).
+ * proxy's contract has none, docs/redirection.md).
  * A listener leaves the map when it is closed; pod removal deletes the
  * pod's keys. The value is the socket (bpftool shows its cookie).
  */

@@ -358,13 +358,26 @@ class ApiHandler(BaseHTTPRequestHandler):
     server_version = "sluice-test-apiserver"
 
     def setup(self):
-        # TLS handshake in the connection's own thread, so that a client that
-        # connects and says nothing holds up no one else.
-        self.request.do_handshake()
-        super().setup()
+        # Registered before the TLS handshake, and checked against the server
+        # that is up: a connection accepted while the API server goes down
+        # (api_down takes its list under conn_lock after clearing api_server)
+        # is either in that list or sees itself stale here, and never
+        # survives to carry a client's requests through the outage.
         with STATE.conn_lock:
             STATE.connections.add(self.request)
             STATE.connections_total += 1
+            stale = self.server is not STATE.api_server
+        if stale:
+            self.request.shutdown(socket.SHUT_RDWR)
+        # TLS handshake in the connection's own thread, so that a client that
+        # connects and says nothing holds up no one else.
+        try:
+            self.request.do_handshake()
+        except OSError:
+            with STATE.conn_lock:
+                STATE.connections.discard(self.request)
+            raise
+        super().setup()
 
     def finish(self):
         with STATE.conn_lock:

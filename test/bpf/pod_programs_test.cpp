@@ -1,6 +1,6 @@
 // The pod programs (bpf/pod_tc.bpf.c) through BPF_PROG_TEST_RUN, one table
 // per program, IPv4 and IPv6 for every row that applies: each spec rule
-// (shared/spec/redirection.md, rules 1-9) with its match and its near-miss.
+// (docs/redirection.md, rules 1-9) with its match and its near-miss.
 //
 // What test-run can and cannot show:
 // - bpf_redirect() only records the target: the run returns

@@ -1,8 +1,11 @@
 #include "test/common/agent_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -67,13 +70,16 @@ std::string readFile(const std::string& path) {
 
 Result<std::unique_ptr<AgentProcess>> AgentProcess::start(const std::string& bpffsRoot, std::vector<std::string> extra,
                                                           std::string socket, const std::string& netnsPath,
-                                                          const std::string& binary) {
+                                                          const std::string& binary,
+                                                          const std::vector<std::string>& wrapper) {
   std::unique_ptr<AgentProcess> p(new AgentProcess());
   p->ownsSocketName_ = socket.empty();
   p->socket_ = socket.empty() ? uniqueTmp("agent") + ".sock" : socket;
   p->logPath_ = uniqueTmp("agent") + ".log";
-  std::vector<std::string> argv;
-  if (!netnsPath.empty()) argv = {"/usr/bin/nsenter", "--net=" + netnsPath, "--"};  // execs: same pid
+  std::vector<std::string> argv = wrapper;
+  if (!netnsPath.empty())
+    for (const std::string& a : {std::string("/usr/bin/nsenter"), "--net=" + netnsPath, std::string("--")})
+      argv.push_back(a);  // execs: same pid
   for (const std::string& a : {binary.empty() ? builtBinary("sluiced") : binary, std::string("--bpffs"), bpffsRoot, std::string("--socket"),
                                p->socket_, std::string("--metrics-address"), std::string("off"),
                                std::string("--reconcile-interval"), std::string("0"), std::string("--log-level"),
@@ -120,14 +126,29 @@ int AgentProcess::stop(int sig, std::chrono::milliseconds timeout) {
 
 std::string AgentProcess::log() const { return readFile(logPath_); }
 
-AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+uint16_t freeLoopbackPort() {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return 0;
+  return ntohs(a.sin_port);
+}
+
+AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                                const std::vector<std::string>& wrapper) {
   AgentRun r;
   std::string logPath = uniqueTmp("agent-run") + ".log";
-  std::vector<std::string> argv = {builtBinary("sluiced")};
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(builtBinary("sluiced"));
   argv.insert(argv.end(), args.begin(), args.end());
   auto pid = spawnWithLog(argv, logPath);
   if (!pid.ok()) {
     r.log = pid.error().message;
+    ::unlink(logPath.c_str());  // the child may have opened it before its exec failed
     return r;
   }
   r.exitCode = waitExit(*pid, timeout);

@@ -493,18 +493,8 @@ TEST_P(AgentApi, SluicectlUsesTheAgent) {
 
 // Prometheus metrics over HTTP on loopback.
 TEST_P(AgentApi, MetricsAreServedOnLoopback) {
-  // A free port: bind 0, read it, close (the agent binds it right after).
-  uint16_t port = 0;
-  {
-    Fd s(::socket(AF_INET, SOCK_STREAM, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
+  uint16_t port = freeLoopbackPort();
+  ASSERT_NE(port, 0);
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok());
   startAgent({"--metrics-address", "127.0.0.1:" + std::to_string(port)});

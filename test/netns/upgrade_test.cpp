@@ -117,6 +117,12 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   standIn_ = std::move(*s);
   ASSERT_FALSE(pathExists(bpffs_.root() + "/" + SLUICE_PIN_LAYOUTS)) << "the old release pinned no layouts";
 
+  // A connection established through the proxy before the upgrade must
+  // carry data after it.
+  auto established = tcpConnect(topo_.pod(), (*server)->local());
+  ASSERT_TRUE(established.ok()) << established.error().message;
+  ASSERT_TRUE(echoRoundTrip(established->get(), "before").ok());
+
   std::atomic<bool> stop{false};
   std::atomic<size_t> ok{0};
   std::vector<std::string> failures;
@@ -142,14 +148,17 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
 
   EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
   EXPECT_GT(ok.load(), afterUpgrade) << "no connection after the upgrade";
+  auto after = echoRoundTrip(established->get(), "after the upgrade");
+  ASSERT_TRUE(after.ok()) << "the connection established before the upgrade broke: " << after.error().message;
+  EXPECT_EQ(*after, "after the upgrade");
   EXPECT_GE(ok.load(), 10u) << "too few connections to mean anything";
   std::cout << "connections through the redirect across the upgrade from " << oldestTag() << ": " << ok.load()
             << ", failed: " << failures.size() << "\n";
-  EXPECT_TRUE(standIn_->waitForEvents(ok.load(), kIoTimeout));
+  EXPECT_TRUE(standIn_->waitForEvents(ok.load() + 1, kIoTimeout));
   size_t relayed = 0;
   for (const auto& e : standIn_->events())
     if (e.listener == "outbound" && e.detail == "upstream ok") relayed++;
-  EXPECT_EQ(relayed, ok.load()) << "a connection went around the proxy";
+  EXPECT_EQ(relayed, ok.load() + 1) << "a connection went around the proxy";
 
   std::string log = agent_->log();
   EXPECT_NE(log.find("migrated pinned map pods from layout 1 to " + std::to_string(SLUICE_LAYOUT_PODS) + ": 1 entry copied"),
@@ -184,8 +193,8 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   EXPECT_TRUE(check->intact) << check->problems.front();
   // And it leaves as any pod does.
   ASSERT_TRUE(c->removePod(p.id).ok());
-  auto after = oneConnection((*server)->local());
-  EXPECT_TRUE(after.ok()) << "plain networking after removal: " << after.error().message;
+  auto plain = oneConnection((*server)->local());
+  EXPECT_TRUE(plain.ok()) << "plain networking after removal: " << plain.error().message;
 }
 
 // ---- Layout checks, on a private root, without an older build ----

@@ -105,6 +105,12 @@ TEST(AgentProtocol, BadRequestsNameTheProblem) {
        EINVAL,
        "malformed request: 'pod': pod namespace '0123456789012345678901234567890123456789012345678901234567890123' is "
        "longer than 63 characters"},
+      // Relative paths mean nothing in the agent's working directory.
+      {R"({"version":1,"op":"add","pod":{"netns":"run/netns/x"}})", EINVAL,
+       "malformed request: 'pod.netns' must be an absolute path"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","nodeNetns":"node"}})", EINVAL,
+       "malformed request: 'pod.nodeNetns' must be an absolute path (or \"\": the agent's netns)"},
+      {R"({"version":1,"op":"remove","netns":"x"})", EINVAL, "malformed request: 'netns' must be an absolute path"},
   };
   for (const auto& c : cases) {
     auto r = decodeRequest(c.line);

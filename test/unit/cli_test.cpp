@@ -2,6 +2,7 @@
 // no kernel state. Every usage error message is pinned here.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <sstream>
 
 #include "loader/datapath.h"
@@ -61,6 +62,25 @@ TEST(CliParse, PodIdentity) {
   EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", "u", "--pod-name", "a\tb", "--pod-namespace", "b"}),
             "pod name has a character that is not printable ASCII (or a space) (see sluicectl --help)");
   EXPECT_NE(parseError({"pod", "list", "--uid", "u"}).find("unknown option --uid"), std::string::npos);
+}
+
+// Netns paths are recorded for the agent's sweep, which runs elsewhere: a
+// relative one is made absolute against sluicectl's working directory.
+TEST(CliParse, RelativeNetnsPathsAreMadeAbsolute) {
+  const std::string cwd = std::filesystem::current_path().string();
+  auto c = parseArgs({"pod", "add", "--netns", "web", "--node-netns", "../node/./ns"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->pod.netnsPath, cwd + "/web");
+  EXPECT_EQ(*c->pod.nodeNetnsPath, std::filesystem::path(cwd).parent_path().string() + "/node/ns");
+  EXPECT_EQ(c->pod.id, "");  // defaultPodId of the absolute path: still "web"
+  EXPECT_EQ(defaultPodId(c->pod.netnsPath), "web");
+  c = parseArgs({"pod", "remove", "--netns", "web"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pod.netnsPath, cwd + "/web");
+  // Absolute paths are kept as given.
+  EXPECT_EQ(absoluteNetnsPath("/proc/1/ns/net"), "/proc/1/ns/net");
+  EXPECT_EQ(absoluteNetnsPath("/var/run/netns/../netns/x"), "/var/run/netns/../netns/x");
+  EXPECT_EQ(absoluteNetnsPath(""), "");
 }
 
 TEST(CliParse, OtherCommands) {

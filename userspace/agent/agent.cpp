@@ -15,6 +15,7 @@
 #include <map>
 
 #include "loader/netns.h"
+#include "loader/privileges.h"
 #include "userspace/agent/client.h"
 #include "userspace/agent/kube_wiring.h"
 
@@ -93,6 +94,7 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   // Another agent on the socket owns the state: never run two.
   if (auto other = Client::connect(options.socketPath, std::chrono::seconds(2)); other.ok())
     return Error::msg("another agent is already listening on " + options.socketPath, EADDRINUSE);
+  SLUICE_TRY(a->checkBpffs());
   auto dp = Datapath::open(options.datapath);
   SLUICE_TRY(dp);
   a->dp_ = std::move(*dp);
@@ -147,7 +149,37 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
   if (a->metricsFd_.valid()) a->metricsThread_ = std::thread([p = a.get()] { p->acceptLoop(p->metricsFd_.get(), true); });
   if (options.reconcileInterval.count() > 0) a->reconcileThread_ = std::thread([p = a.get()] { p->reconcileLoop(); });
+  if (!options.cniConfDir.empty()) {
+    cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket};
+    auto watcher = cni::ConfWatcher::start(w, [p = a.get()](const cni::WatchEvent& e) { p->metrics_.cniConf(e.restored); });
+    SLUICE_TRY(watcher);
+    a->cniWatcher_ = std::move(*watcher);
+  }
   return a;
+}
+
+Status Agent::checkBpffs() {
+  const std::string& root = options_.datapath.bpffsRoot;
+  // Before the root is made: an unprivileged run must not leave one.
+  SLUICE_TRY(checkPrivileges());
+  SLUICE_TRY(ensureBpffsRoot(root));
+  auto m = inspectBpffsMount(root);
+  SLUICE_TRY(m);
+  bpffsMount_ = *m;
+  std::string where = "bpffs " + m->device + " at " + m->mountPoint + " (" + root + ")";
+  if (m->outlivesNamespace) {
+    spdlog::info("{} outlives this mount namespace: {}", where, m->why);
+    return {};
+  }
+  std::string what = where + " is private to the agent's mount namespace (" + m->why +
+                     "): its pinned maps and tcx links, and every pod's redirection with them, vanish with that "
+                     "namespace when the agent exits";
+  if (!options_.allowPrivateBpffs)
+    return Error::msg(what + "; mount the host's /sys/fs/bpf here (hostPath, mountPropagation: Bidirectional) or "
+                             "pass --allow-private-bpffs",
+                      EPERM);
+  spdlog::warn("--allow-private-bpffs: {}", what);
+  return {};
 }
 
 Agent::~Agent() { stop(); }
@@ -155,6 +187,7 @@ Agent::~Agent() { stop(); }
 void Agent::stop() {
   if (stopping_.exchange(true)) return;
   if (kube_) kube_->stop();  // no controller call into the datapath after this
+  cniWatcher_.reset();
   if (stopFd_.valid()) {
     uint64_t one = 1;
     (void)!::write(stopFd_.get(), &one, sizeof(one));
@@ -386,6 +419,8 @@ Health Agent::health() {
     h.kubeApi = kube_->apiDescription();
     h.kubeSynced = kube_->ready();
   }
+  h.bpffsScope = bpffsMount_.outlivesNamespace ? "host" : "private";
+  h.bpffsScopeWhy = bpffsMount_.why;
   return h;
 }
 

@@ -12,12 +12,14 @@
 #include <string>
 #include <thread>
 
+#include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/fd.h"
 #include "userspace/agent/kube_wiring.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"
 #include "userspace/agent/zds/server.h"
+#include "userspace/cni/watch.h"
 
 namespace sluice::agent {
 
@@ -36,6 +38,13 @@ struct AgentOptions {
   /// Kubernetes: which pods are in the mesh, running pods, annotations
   /// (kube_wiring.h); off unless in a pod or given --kube-api.
   KubeOptions kube;
+  /// Start even when the bpffs is private to the agent's mount namespace
+  /// (every pin goes with it).
+  bool allowPrivateBpffs = false;
+  /// The CNI config dir to keep sluice-cni in (userspace/cni/watch.h); ""
+  /// watches nothing. The entry's agentSocket: cniAgentSocket, else socketPath.
+  std::string cniConfDir;
+  std::string cniAgentSocket;
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -93,6 +102,8 @@ class Agent {
   Result<std::string> removeLocked(const std::string& id);
   /// The registry operations the Kubernetes side uses (each takes dpMu_).
   AgentDataplane kubeDataplane();
+  /// Refuses a bpffs private to this mount namespace unless allowed.
+  Status checkBpffs();
 
   AgentOptions options_;
   std::unique_ptr<Datapath> dp_;
@@ -118,6 +129,8 @@ class Agent {
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
   std::unique_ptr<KubeWiring> kube_;  ///< null without Kubernetes
+  BpffsMount bpffsMount_;
+  std::unique_ptr<cni::ConfWatcher> cniWatcher_;
 };
 
 }  // namespace sluice::agent

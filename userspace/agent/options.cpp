@@ -13,6 +13,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
                [--tc-mode auto|tcx|legacy] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
+               [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
                [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -30,6 +31,14 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            ztunnel is connected. Default: no hand-off
   --ztunnel-timeout-ms MS  ZDS deadlines: hello, request write, ack read, idle
                            check interval (default 5000)
+  --allow-private-bpffs    start even when the bpffs is private to the agent's
+                           mount namespace (every pin, and every pod's
+                           redirection, then goes with it); refused otherwise
+  --cni-conf-dir DIR       watch this CNI config dir (inotify) and put sluice-cni
+                           back into the primary conflist whenever the primary
+                           CNI rewrites it without it (default: no watch)
+  --cni-agent-socket PATH  the agentSocket written into that entry: this
+                           socket as the host's runtime sees it (default: --socket)
   --version                print the version
 
 )") + kubeUsage() + R"(
@@ -58,9 +67,13 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
       if (Status st = applyKubeFlag(d.agent.kube, flag, args[++i]); !st.ok()) return usageError(st.error().message);
       continue;
     }
+    if (flag == "--allow-private-bpffs") {
+      d.agent.allowPrivateBpffs = true;
+      continue;
+    }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
                                       "--tc-mode", "--reconcile-interval", "--ztunnel-socket",
-                                      "--ztunnel-timeout-ms"};
+                                      "--ztunnel-timeout-ms", "--cni-conf-dir", "--cni-agent-socket"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -89,6 +102,12 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
       auto m = parseTcMode(v);
       if (!m.ok()) return usageError(m.error().message);
       d.agent.datapath.tcMode = *m;
+    } else if (flag == "--cni-conf-dir") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-conf-dir needs an absolute path");
+      d.agent.cniConfDir = v;
+    } else if (flag == "--cni-agent-socket") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-agent-socket needs an absolute path");
+      d.agent.cniAgentSocket = v;
     } else if (flag == "--reconcile-interval") {
       if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit))
         return usageError("invalid --reconcile-interval '" + v + "' (expected whole seconds)");
@@ -104,6 +123,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     }
   }
   if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
+  if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
+    return usageError("--cni-agent-socket needs --cni-conf-dir");
   return d;
 }
 

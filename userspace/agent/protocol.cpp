@@ -133,6 +133,7 @@ Result<PodSpec> decodePodSpec(const json& j) {
   if (j.contains("nodeNetns") && !j["nodeNetns"].is_null()) {
     std::string node;
     SLUICE_TRY(str(j, "nodeNetns", node));
+    if (!node.empty() && node[0] != '/') return bad("'pod.nodeNetns' must be an absolute path (or \"\": the agent's netns)");
     s.nodeNetnsPath = node;
   }
   if (j.contains("tcMode") && !j["tcMode"].is_null()) {
@@ -311,7 +312,8 @@ json encodeHealth(const Health& h) {
           {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
           {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
           {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections},
-          {"kube_api", h.kubeApi}, {"kube_synced", h.kubeSynced}};
+          {"kube_api", h.kubeApi}, {"kube_synced", h.kubeSynced},
+          {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
 }
 
 Result<Health> decodeHealth(const json& j) {
@@ -329,6 +331,8 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
   SLUICE_TRY(str(j, "kube_api", h.kubeApi));
   SLUICE_TRY(flag(j, "kube_synced", h.kubeSynced));
+  SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));
+  SLUICE_TRY(str(j, "bpffs_scope_why", h.bpffsScopeWhy));
   return h;
 }
 

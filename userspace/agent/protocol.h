@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "loader/pod_types.h"
 #include "loader/pod_stats.h"
 #include "loader/result.h"
 
@@ -73,6 +73,10 @@ struct Health {
   uint64_t ztunnelConnections = 0;  ///< node proxies connected over ZDS
   std::string kubeApi;              ///< "" without Kubernetes; "in cluster" or the URL
   bool kubeSynced = false;          ///< caches listed, start-up reconciliation done
+  /// "host": the bpffs outlives the agent's mount namespace; "private": it
+  /// goes with it (started with --allow-private-bpffs); "": not reported.
+  std::string bpffsScope;
+  std::string bpffsScopeWhy;  ///< how the agent decided, one phrase
 };
 
 /// What check answers for an enrolled pod.

@@ -64,8 +64,10 @@ global options:
   --tc-mode MODE    auto (tcx when the kernel has it), tcx, or legacy (clsact)
   --log-level LVL   trace, debug, info, warn (default), error, off
 
-PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net); --id defaults to
-the netns file's name (pid-PID for /proc/PID/ns/net).
+PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net; a relative PATH is
+taken from the current directory and recorded absolute); --id defaults to
+the netns file's name (pid-PID for /proc/PID/ns/net). A pod whose netns is
+gone does not block its id or addresses: pod add removes it (and says so).
 --node-netns names the netns of the pod's host-side interface, where probe
 SNAT is attached (default: the one sluicectl runs in); --ip overrides the
 pod addresses found in the pod netns.
@@ -150,7 +152,8 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     SLUICE_TRY(v);
     if (flag == "--netns") {
       if (v->empty()) return usageError("--netns needs a path");
-      cmd.pod.netnsPath = *v;
+      // Recorded for the agent's sweep, which runs elsewhere: absolute.
+      cmd.pod.netnsPath = absoluteNetnsPath(*v);
       haveNetns = true;
     } else if (flag == "--id") {
       SLUICE_TRY(validatePodId(*v));
@@ -169,7 +172,7 @@ Result<Command> parse(const std::vector<std::string>& argv) {
       cmd.pod.rerouteIfaces.push_back(*v);
     } else if (flag == "--node-netns") {
       if (v->empty()) return usageError("--node-netns needs a path");
-      cmd.pod.nodeNetnsPath = *v;
+      cmd.pod.nodeNetnsPath = absoluteNetnsPath(*v);
     } else if (flag == "--ip") {
       in6_addr buf{};
       if (inet_pton(AF_INET, v->c_str(), &buf) != 1 && inet_pton(AF_INET6, v->c_str(), &buf) != 1)
@@ -283,6 +286,25 @@ std::pair<std::string, std::string> resolvedTcMode(const FeatureReport& r, TcMod
 
 }  // namespace
 
+BpffsReport inspectBpffsForStatus(const Command& cmd, const std::optional<agent::Health>& agent) {
+  BpffsReport b;
+  b.root = cmd.bpffsRoot;
+  b.socket = cmd.socketPath;
+  b.agent = agent;
+  // The root may not exist yet: its nearest existing directory tells
+  // which filesystem it will be on.
+  std::string at = cmd.bpffsRoot;
+  while (at.size() > 1 && ::access(at.c_str(), F_OK) != 0) at = at.substr(0, std::max<size_t>(1, at.rfind('/')));
+  if (!isOnBpffs(at)) {
+    b.localNote = "no bpffs mounted over " + cmd.bpffsRoot + " (sluicectl and sluiced mount one at /sys/fs/bpf when they need it)";
+  } else if (auto m = inspectBpffsMount(at); m.ok()) {
+    b.local = *m;
+  } else {
+    b.localNote = m.error().message;
+  }
+  return b;
+}
+
 namespace {
 
 std::string hexMark(uint32_t v) {
@@ -308,9 +330,24 @@ std::string describeZtunnel(const ProxyStatus& p) {
   return std::to_string(p.ztunnelConnections) + " connection(s) on " + p.ztunnelSocket;
 }
 
+std::string describeMount(const BpffsMount& m) {
+  return "bpffs " + m.device + " at " + m.mountPoint + ", " +
+         (m.outlivesNamespace ? "outlives this mount namespace" : "PRIVATE to this mount namespace") + " (" + m.why + ")";
+}
+
+std::string describeAgentBpffs(const agent::Health& h) {
+  std::string s = "sluiced " + h.version + " serving " + h.bpffsRoot + ": ";
+  if (h.bpffsScope == "host") return s + "its bpffs outlives its mount namespace (" + h.bpffsScopeWhy + ")";
+  if (h.bpffsScope == "private")
+    return s + "its bpffs is PRIVATE to its mount namespace (" + h.bpffsScopeWhy +
+           "): every pod's redirection vanishes when the agent exits (it was started with --allow-private-bpffs)";
+  return s + "does not report where its bpffs lives";
+}
+
 }  // namespace
 
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy) {
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy,
+                         const BpffsReport* bpffs) {
   Status minimum = checkMinimumFeatures(r);
   auto [mode, modeWhy] = resolvedTcMode(r, requested);
   if (json) {
@@ -338,6 +375,25 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
       if (proxy->agent)
         j["node_proxy"]["ztunnel_connections"] = proxy->ztunnelConnections;
     }
+    if (bpffs) {
+      nlohmann::json local = {{"root", bpffs->root}};
+      if (bpffs->local)
+        local.update({{"mount_point", bpffs->local->mountPoint},
+                      {"device", bpffs->local->device},
+                      {"propagation", bpffs->local->propagation},
+                      {"outlives_namespace", bpffs->local->outlivesNamespace},
+                      {"why", bpffs->local->why}});
+      else
+        local["error"] = bpffs->localNote;
+      j["bpffs"] = local;
+      j["agent"] = nullptr;
+      if (bpffs->agent)
+        j["agent"] = {{"socket", bpffs->socket},
+                      {"version", bpffs->agent->version},
+                      {"bpffs", bpffs->agent->bpffsRoot},
+                      {"bpffs_scope", bpffs->agent->bpffsScope},
+                      {"bpffs_scope_why", bpffs->agent->bpffsScopeWhy}};
+    }
     return j.dump(2) + "\n";
   }
   std::ostringstream o;
@@ -352,6 +408,12 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
   if (proxy) {
     o << "node proxy         " << describeProxyIdentity(*proxy) << "\n";
     o << "ztunnel            " << describeZtunnel(*proxy) << "\n";
+  }
+  if (bpffs) {
+    o << "bpffs              " << bpffs->root << ": "
+      << (bpffs->local ? describeMount(*bpffs->local) : bpffs->localNote) << "\n";
+    o << "agent              "
+      << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
   }
   o << "\nfeatures:\n";
   for (const auto& row : statusRows(r)) {
@@ -480,13 +542,16 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
       proxy.pinned = true;
       proxy.identity = **pinned;
     }
+    std::optional<agent::Health> health;
     if (auto client = agent::Client::connect(cmd.socketPath, std::chrono::seconds(2)); client.ok())
-      if (auto h = client->health(); h.ok() && h->bpffsRoot == cmd.bpffsRoot) {
-        proxy.agent = true;
-        proxy.ztunnelSocket = h->ztunnelSocket;
-        proxy.ztunnelConnections = h->ztunnelConnections;
-      }
-    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy);
+      if (auto h = client->health(); h.ok()) health = *h;
+    if (health && health->bpffsRoot == cmd.bpffsRoot) {
+      proxy.agent = true;
+      proxy.ztunnelSocket = health->ztunnelSocket;
+      proxy.ztunnelConnections = health->ztunnelConnections;
+    }
+    BpffsReport bpffs = inspectBpffsForStatus(cmd, health);
+    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy, &bpffs);
     Status minimum = checkMinimumFeatures(*features);
     return minimum.ok() ? 0 : fail(minimum.error());
   }

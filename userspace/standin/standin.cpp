@@ -360,6 +360,8 @@ class Session {
   virtual void onEvent(int side, uint32_t events) = 0;
   /// Called when the deadline this session asked for has passed.
   virtual void onDeadline() {}
+  /// Called when the stand-in stops, before its sockets close.
+  virtual void onStop() {}
   /// True once the session can be destroyed.
   bool finished() const { return finished_; }
 
@@ -758,6 +760,8 @@ class Relay final : public Session {
     close();
   }
 
+  void onStop() override { abort(); }
+
   void abort() {
     if (client_.valid()) setLingerZero(client_.get());
     if (upstream_.valid()) setLingerZero(upstream_.get());
@@ -1031,7 +1035,13 @@ void Server::run() {
     }
     for (int i = 0; i < n; ++i) {
       uint64_t token = events[static_cast<size_t>(i)].data.u64;
-      if (token == kWakeToken) return;
+      if (token == kWakeToken) {
+        // Stopping is abrupt, as a killed proxy's is: every relayed
+        // connection is reset, never half-closed with a FIN that would look
+        // like an answer to the app.
+        for (auto& [id, session] : sessions_) session->onStop();
+        return;
+      }
       // A session destroyed earlier in this batch is simply not found.
       auto it = sessions_.find(token >> 1);
       if (it == sessions_.end()) continue;

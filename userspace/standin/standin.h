@@ -1,5 +1,5 @@
 // A small proxy with ztunnel's socket contract (see
-// shared/spec/redirection.md, "The proxy's side of the contract"): the
+// docs/redirection.md, "The proxy's side of the contract"): the
 // listeners, marks and transparent sockets the data plane feeds, and a record
 // of everything it received. Tests use it in-process; `sluice-standin` wraps
 // it for live demos.
