@@ -516,5 +516,38 @@ TEST_F(KubeAgent, CniAddWithoutAnAnswerFailsRetryably) {
   ASSERT_TRUE(server_->fault({{"up", true}}).ok());
 }
 
+
+// health and sluicectl status say where the agent's Kubernetes is and
+// whether it synced.
+TEST_F(KubeAgent, StatusReportsKubernetes) {
+  startAgent();
+  auto h = client().health();
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->kubeApi, server_->url());
+  EXPECT_TRUE(h->kubeSynced);
+  CommandResult st =
+      runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", agent_->socket(), "status"});
+  EXPECT_EQ(st.exitCode, 0) << st.describe();
+  EXPECT_NE(st.out.find("kubernetes         " + server_->url() +
+                        ", synced: the agent enrolls the pods in the ambient mesh\n"),
+            std::string::npos)
+      << st.out;
+  st = runCommand(
+      {builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", agent_->socket(), "status", "--json"});
+  EXPECT_EQ(st.exitCode, 0) << st.describe();
+  auto j = json::parse(st.out, nullptr, false);
+  EXPECT_EQ(j["agent"]["kube_api"], server_->url()) << st.out;
+  EXPECT_EQ(j["agent"]["kube_synced"], true) << st.out;
+
+  // Without Kubernetes.
+  ASSERT_EQ(agent_->stop(SIGTERM), 0);
+  agent_.reset();
+  auto off = AgentProcess::start(bpffs_.root(), {"--kube", "off"}, tmp_.file("agent.sock"));
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  st = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", (*off)->socket(), "status"});
+  EXPECT_NE(st.out.find("kubernetes         off: the agent enrolls every pod it is asked to\n"), std::string::npos)
+      << st.out;
+}
+
 }  // namespace
 }  // namespace sluice::test
