@@ -57,14 +57,8 @@ KubeScaleResult runKubeScaleBench(int pods) {
   auto server = sluice::test::TestApiServer::start();
   if (!server.ok()) return fail(server.error().message);
   auto& api = **server;
-  if (!api.createNamespace("bench").ok() || !api.createNamespace("sluice-system").ok())
-    return fail("create the namespaces");
-  sluice::test::TestPod self;
-  self.namespaceName = "sluice-system";
-  self.name = "sluice-node-bench";
-  self.hostNetwork = true;
-  self.ips = {"192.0.2.10"};
-  if (auto r = api.createPod(self); !r.ok()) return fail(r.error().message);
+  if (!api.createNamespace("bench").ok()) return fail("create the namespace");
+  if (Status st = api.createNodeAgentPod(); !st.ok()) return fail(st.error().message);
 
   // The running pods: a process each in pod<uid>'s cgroup, in its netns.
   std::vector<std::unique_ptr<sluice::test::TestPodProcess>> procs;

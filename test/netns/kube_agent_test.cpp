@@ -76,15 +76,8 @@ class KubeAgent : public ::testing::Test {
     ASSERT_TRUE(s.ok()) << s.error().message;
     server_ = std::move(*s);
     ASSERT_TRUE(server_->createNamespace("shop").ok());
-    ASSERT_TRUE(server_->createNamespace("sluice-system").ok());
     ASSERT_TRUE(server_->createNamespace("istio-system", kAmbient).ok());
-    // The agent's own pod: host network, on this node, never enrolled.
-    TestPod agent;
-    agent.namespaceName = "sluice-system";
-    agent.name = "sluice-node-x";
-    agent.hostNetwork = true;
-    agent.ips = {"192.0.2.10"};
-    ASSERT_TRUE(server_->createPod(agent).ok());
+    ASSERT_TRUE(server_->createNodeAgentPod().ok());
   }
 
   void TearDown() override {

@@ -144,14 +144,7 @@ class KubeController : public test::ApiServerTest {
     ASSERT_TRUE(cgroups_.ok()) << cgroups_.error();
     test::ApiServerTest::SetUp();
     if (HasFatalFailure()) return;
-    ASSERT_TRUE(server_->createNamespace("sluice-system").ok());
-    // The agent's own pod: host network, on this node, never enrolled.
-    TestPod agent;
-    agent.namespaceName = "sluice-system";
-    agent.name = "sluice-node-x";
-    agent.hostNetwork = true;
-    agent.ips = {"192.0.2.10"};
-    ASSERT_TRUE(server_->createPod(agent).ok());
+    ASSERT_TRUE(server_->createNodeAgentPod().ok());
   }
 
   void TearDown() override {
