@@ -16,6 +16,7 @@
 // their own node netns, so no probe SNAT is attached (a warning), which is
 // not what these stories are about.
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -540,6 +541,26 @@ TEST_F(KubeAgent, StatusReportsKubernetes) {
   st = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", (*off)->socket(), "status"});
   EXPECT_NE(st.out.find("kubernetes         off: the agent enrolls every pod it is asked to\n"), std::string::npos)
       << st.out;
+}
+
+
+// The agent's Kubernetes files are read before anything is loaded: a
+// missing token or CA file is a one-line error and leaves no state.
+TEST_F(KubeAgent, UnreadableCredentialsFailTheStartAndLeaveNothing) {
+  std::string root = bpffs_.root() + "-never";
+  for (const auto& [flag, file] : std::vector<std::pair<std::string, std::string>>{
+           {"--kube-token-file", tmp_.file("no-token")}, {"--kube-ca-file", tmp_.file("no-ca.crt")}}) {
+    std::vector<std::string> args = {"--bpffs", root, "--socket", tmp_.file("never.sock"), "--metrics-address", "off",
+                                     "--kube-api", server_->url(), "--node-name", "node-a", flag, file};
+    AgentRun r = runAgentExpectingExit(args);
+    EXPECT_EQ(r.exitCode, 1) << r.log;
+    std::string what = flag == "--kube-token-file" ? "token" : "CA";
+    EXPECT_NE(r.log.find("error sluiced: Kubernetes " + what + " file " + file + ": No such file or directory\n"),
+              std::string::npos)
+        << r.log;
+    struct stat st {};
+    EXPECT_NE(::stat(root.c_str(), &st), 0) << root << " was created";
+  }
 }
 
 }  // namespace

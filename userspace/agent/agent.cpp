@@ -94,6 +94,12 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   // Another agent on the socket owns the state: never run two.
   if (auto other = Client::connect(options.socketPath, std::chrono::seconds(2)); other.ok())
     return Error::msg("another agent is already listening on " + options.socketPath, EADDRINUSE);
+  if (options.kube.enabled()) {
+    // Its token and CA are read before anything is loaded or pinned.
+    auto k = KubeWiring::create(options.kube);
+    SLUICE_TRY(k);
+    a->kube_ = std::move(*k);
+  }
   SLUICE_TRY(a->checkBpffs());
   auto dp = Datapath::open(options.datapath);
   SLUICE_TRY(dp);
@@ -138,12 +144,8 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
     // Without a node proxy over ZDS no cgroup is learned: the mark alone.
     return Error::msg("reset the proxy identity to the mark alone: " + st.error().message, st.error().code);
   }
-  if (options.kube.enabled()) {
-    // Before the API answers: an add must be decided from Kubernetes.
-    auto k = KubeWiring::start(options.kube, a->kubeDataplane());
-    SLUICE_TRY(k);
-    a->kube_ = std::move(*k);
-  }
+  // Before the API answers: an add must be decided from Kubernetes.
+  if (a->kube_) SLUICE_TRY(a->kube_->start(a->kubeDataplane()));
   SLUICE_TRY(a->listenApi());
   SLUICE_TRY(a->listenMetrics());
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });

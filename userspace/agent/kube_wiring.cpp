@@ -21,14 +21,21 @@ std::string who(const kube::PodRef& p) { return p.namespaceName + "/" + p.name; 
 
 std::string livePodId(const std::string& uid) { return "k8s-" + uid; }
 
-Result<std::unique_ptr<KubeWiring>> KubeWiring::start(const KubeOptions& options, AgentDataplane dataplane) {
-  std::unique_ptr<KubeWiring> w(new KubeWiring(options, std::move(dataplane)));
+Result<std::unique_ptr<KubeWiring>> KubeWiring::create(const KubeOptions& options) {
+  std::unique_ptr<KubeWiring> w(new KubeWiring(options));
   auto cfg = options.inCluster ? kube::inClusterConfig()
                                : kube::explicitConfig(options.apiUrl, options.tokenFile, options.caFile);
-  if (!cfg.ok()) return Error::msg("Kubernetes: " + cfg.error().message, cfg.error().code);
+  SLUICE_TRY(cfg);
   auto client = kube::Client::create(*cfg);
-  if (!client.ok()) return Error::msg("Kubernetes: " + client.error().message, client.error().code);
+  SLUICE_TRY(client);
   w->client_ = std::move(*client);
+  return w;
+}
+
+Status KubeWiring::start(AgentDataplane dataplane) {
+  if (controller_) return Error::msg("the Kubernetes controller was started already", EALREADY);
+  dp_ = std::move(dataplane);
+  const KubeOptions& options = options_;
 
   kube::ControllerOptions co;
   co.nodeName = options.nodeName;
@@ -38,19 +45,19 @@ Result<std::unique_ptr<KubeWiring>> KubeWiring::start(const KubeOptions& options
   co.rules.excludeNamespaces = options.excludeNamespaces;
   co.rules.dnsCaptureDefault = options.dnsCaptureDefault;
   kube::DataplaneCallbacks cb;
-  KubeWiring* self = w.get();
+  KubeWiring* self = this;
   cb.enroll = [self](const kube::PodRef& p, const kube::PodSettings& s, const kube::NetnsLocation& l) {
     return self->enroll(p, s, l);
   };
   cb.updateSettings = [self](const kube::PodRef& p, const kube::PodSettings& s) { return self->updateSettings(p, s); };
   cb.unenroll = [self](const std::string& uid) { return self->unenroll(uid); };
   cb.listEnrolled = [self] { return self->listEnrolled(); };
-  auto ctl = kube::Controller::create(*w->client_, co, std::move(cb));
+  auto ctl = kube::Controller::create(*client_, co, std::move(cb));
   SLUICE_TRY(ctl);
-  w->controller_ = std::move(*ctl);
-  w->controller_->start();
+  controller_ = std::move(*ctl);
+  controller_->start();
   spdlog::info("Kubernetes: {}; watching the pods of node {}", describeKube(options), options.nodeName);
-  return w;
+  return {};
 }
 
 KubeWiring::~KubeWiring() { stop(); }
@@ -59,7 +66,7 @@ void KubeWiring::stop() {
   if (controller_) controller_->stop();
 }
 
-bool KubeWiring::ready() const { return controller_->stats().reconciled; }
+bool KubeWiring::ready() const { return controller_ && controller_->stats().reconciled; }
 
 std::string KubeWiring::apiDescription() const { return options_.inCluster ? "in cluster" : options_.apiUrl; }
 
@@ -137,10 +144,12 @@ Result<AddResult> KubeWiring::add(const PodSpec& request) {
 }
 
 void KubeWiring::removed(const std::string& uid) {
-  if (!uid.empty()) controller_->removed(uid);
+  if (!uid.empty() && controller_) controller_->removed(uid);
 }
 
-void KubeWiring::resync() { controller_->resync(); }
+void KubeWiring::resync() {
+  if (controller_) controller_->resync();
+}
 
 Result<kube::EnrollOutcome> KubeWiring::enroll(const kube::PodRef& pod, const kube::PodSettings& s,
                                                const kube::NetnsLocation& loc) {

@@ -51,9 +51,12 @@ std::string livePodId(const std::string& uid);
 
 class KubeWiring {
  public:
-  /// Creates the client (in-cluster or explicit), the controller, and
-  /// starts it. Errors: no in-cluster token/CA, an invalid URL.
-  static Result<std::unique_ptr<KubeWiring>> start(const KubeOptions& options, AgentDataplane dataplane);
+  /// Creates the client (in-cluster or explicit): reads the token and CA,
+  /// touches nothing else, so the agent checks them before its datapath.
+  /// Errors: no in-cluster token/CA, an unreadable file, an invalid URL.
+  static Result<std::unique_ptr<KubeWiring>> create(const KubeOptions& options);
+  /// Creates the controller on @p dataplane and starts it (once).
+  Status start(AgentDataplane dataplane);
   ~KubeWiring();
   KubeWiring(const KubeWiring&) = delete;
   KubeWiring& operator=(const KubeWiring&) = delete;
@@ -82,7 +85,7 @@ class KubeWiring {
   void renderMetrics(std::string& out) const;
 
  private:
-  KubeWiring(KubeOptions options, AgentDataplane dataplane) : options_(std::move(options)), dp_(std::move(dataplane)) {}
+  explicit KubeWiring(KubeOptions options) : options_(std::move(options)) {}
   Result<kube::EnrollOutcome> enroll(const kube::PodRef& pod, const kube::PodSettings& s, const kube::NetnsLocation& loc);
   Status updateSettings(const kube::PodRef& pod, const kube::PodSettings& s);
   Status unenroll(const std::string& uid);
