@@ -563,5 +563,34 @@ TEST_F(KubeAgent, UnreadableCredentialsFailTheStartAndLeaveNothing) {
   }
 }
 
+
+// The watch silent (the API server keeps it open and sends nothing): the
+// ADD of a pod it never delivered is answered, after the brief wait, from
+// one direct GET of the pod — the last resort.
+TEST_F(KubeAgent, CniAddAsksTheApiServerWhenTheWatchIsSilent) {
+  ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
+  startAgent();
+  startProxy();
+  ASSERT_TRUE(server_->fault({{"stall", "all"}}).ok());
+  RunningPod pod;
+  pod.ns = "shop";
+  pod.name = "unwatched";
+  pod.uid = randomPodUid();
+  ASSERT_TRUE(pod.topo.ok()) << pod.topo.error();
+  TestPod tp;
+  tp.namespaceName = "shop";
+  tp.name = "unwatched";
+  tp.uid = pod.uid;
+  tp.ips = {PodTopology::kPodV4};
+  ASSERT_TRUE(server_->createPod(tp).ok());
+  auto r = cni("ADD", pod, "c0ffee-unwatched");
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_TRUE(enrolled(pod));
+  auto gets = server_->countRequests("get", "/namespaces/shop/pods/unwatched");
+  ASSERT_TRUE(gets.ok()) << gets.error().message;
+  EXPECT_EQ(*gets, 1);
+  EXPECT_TRUE(client().removePod("c0ffee-unwatched").ok());
+}
+
 }  // namespace
 }  // namespace sluice::test

@@ -239,6 +239,18 @@ bool Controller::reconcile(const std::string& uid) {
   auto pod = pods_->get(uid);
   if (!pod) {
     if (!state) return true;
+    {
+      // Enrolled by the CNI path from a direct GET while the watch had not
+      // delivered the pod: not gone, only not seen yet. Kept for a while
+      // (the sweep's resync looks again); gone if the watch never shows it.
+      std::lock_guard lock(mu_);
+      auto it = unwatched_.find(uid);
+      if (it != unwatched_.end() && std::chrono::steady_clock::now() - it->second < kUnwatchedGrace) {
+        spdlog::debug("kube: pod {}: enrolled from the API server, not in the watch cache yet; kept", uid);
+        return true;
+      }
+      if (it != unwatched_.end()) unwatched_.erase(it);
+    }
     if (pods_->size() == 0) {
       // The agent's own pod runs on this node: an empty list is a wrong
       // node name (or a cluster without this node), not a node whose pods
@@ -264,6 +276,10 @@ bool Controller::reconcile(const std::string& uid) {
     return true;
   }
 
+  {
+    std::lock_guard lock(mu_);
+    unwatched_.erase(uid);
+  }
   auto ns = namespaces_->get(pod->namespaceName);
   if (!ns) {
     // Its namespace's event has not arrived yet; that event requeues it.
@@ -468,6 +484,14 @@ Result<PodAnswer> Controller::answerFromApi(const PodQuery& q, std::stop_token s
     return Error::msg("pod " + q.namespaceName + "/" + q.name + " has UID " + pod->uid + ", not " + q.uid +
                           " (deleted and created again?)",
                       ESTALE);
+  {
+    // It exists: until the watch shows it, its absence from the cache does
+    // not mean it was deleted (reconcile).
+    std::lock_guard lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    std::erase_if(unwatched_, [&](const auto& e) { return now - e.second >= kUnwatchedGrace; });
+    unwatched_[pod->uid] = now;
+  }
   if (pod->nodeName != options_.nodeName)
     spdlog::warn("kube: pod {} is on node \"{}\" but this agent watches node \"{}\": check --node-name", pod->fullName(),
                  pod->nodeName, options_.nodeName);
