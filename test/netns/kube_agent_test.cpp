@@ -201,6 +201,18 @@ class KubeAgent : public ::testing::Test {
               ";K8S_POD_NAME=" + pod.name + ";K8S_POD_UID=" + pod.uid + "' " + builtBinary("sluice-cni") + " < " + in);
   }
 
+  /// One DNS query from @p pod to its node's resolver (a UDP server there
+  /// that echoes): "captured" when the node proxy answered, "echoed" when the
+  /// query reached the resolver, else what went wrong.
+  static std::string dnsPath(const RunningPod& pod, uint16_t id) {
+    std::string q = dnsQuery(id, "sluice.example.com", 1);
+    auto reply = udpExchange(pod.topo.pod(), Endpoint::of(PodTopology::kNodeV4, 53), q);
+    if (!reply.ok()) return "error: " + reply.error().message;
+    if (reply->payload == q) return "echoed";
+    auto answer = parseDnsAnswer(reply->payload);
+    return answer && answer->response ? "captured" : "neither an echo nor a DNS answer";
+  }
+
   /// Outbound connections of @p pod the node proxy relayed.
   static size_t relayed(const NodeProxyStandIn& proxy, const RunningPod& pod) {
     size_t n = 0;
@@ -293,9 +305,12 @@ TEST_F(KubeAgent, PodLabelEnrollsAndRemovesLive) {
 TEST_F(KubeAgent, AnnotationsChangeSettingsInPlace) {
   ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
   RunningPod& a = runningPod("shop", "web-a", {}, {{"ambient.istio.io/dns-capture", "false"}});
+  auto resolver = UdpServer::start(a.topo.node(), Endpoint::of(PodTopology::kNodeV4, 53));
+  ASSERT_TRUE(resolver.ok()) << resolver.error().message;
   startAgent();
   startProxy();
   ASSERT_TRUE(eventually([&] { return enrolled(a); }, 15s));
+  EXPECT_EQ(dnsPath(a, 1), "echoed");
   auto first = enrollment(a);
   ASSERT_TRUE(first);
   EXPECT_FALSE(first->dnsCapture) << "the annotation's setting at enrollment";
@@ -315,6 +330,7 @@ TEST_F(KubeAgent, AnnotationsChangeSettingsInPlace) {
   ASSERT_TRUE(second);
   EXPECT_EQ(second->id, first->id);
   EXPECT_EQ(second->enrolledAtNs, first->enrolledAtNs) << "re-enrolled instead of changed in place";
+  EXPECT_EQ(dnsPath(a, 2), "captured");
 
   // Removed: back to the node default (DNS on) and inbound capture on.
   ASSERT_TRUE(server_->patchPod("shop", "web-a",
@@ -328,6 +344,8 @@ TEST_F(KubeAgent, AnnotationsChangeSettingsInPlace) {
     return e && !e->dnsCapture && e->inboundCapture;
   }, 10s));
   EXPECT_EQ(enrollment(a)->enrolledAtNs, first->enrolledAtNs);
+  EXPECT_EQ(dnsPath(a, 3), "echoed");
+  EXPECT_EQ((*resolver)->received().size(), 2u) << "the captured query reached the resolver";
   EXPECT_EQ(redirection(a), "enabled");
 }
 
