@@ -131,11 +131,7 @@ class KubeAgent : public ::testing::Test {
   /// every pod's network is a PodTopology) and on the node.
   RunningPod& runningPod(const std::string& ns, const std::string& name, Labels labels = {}, Labels annotations = {},
                          bool hostNetwork = false) {
-    auto p = std::make_unique<RunningPod>();
-    p->ns = ns;
-    p->name = name;
-    p->uid = randomPodUid();
-    EXPECT_TRUE(p->topo.ok()) << p->topo.error();
+    auto p = sandbox(ns, name);
     auto proc = TestPodProcess::start(
         cgroups_, {.uid = p->uid,
                    .driver = pods_.size() % 2 ? CgroupDriver::Systemd : CgroupDriver::Cgroupfs,
@@ -157,6 +153,27 @@ class KubeAgent : public ::testing::Test {
     EXPECT_TRUE(r.ok()) << r.error().message;
     pods_.push_back(std::move(p));
     return *pods_.back();
+  }
+
+  /// A pod whose sandbox (network) the runtime is making: no process yet,
+  /// not in the API (apiPod() puts it there).
+  static std::unique_ptr<RunningPod> sandbox(const std::string& ns, const std::string& name) {
+    auto p = std::make_unique<RunningPod>();
+    p->ns = ns;
+    p->name = name;
+    p->uid = randomPodUid();
+    EXPECT_TRUE(p->topo.ok()) << p->topo.error();
+    return p;
+  }
+  /// The Pod object of @p pod (running, on node-a, IP 10.200.0.2).
+  Status apiPod(const RunningPod& pod) {
+    TestPod tp;
+    tp.namespaceName = pod.ns;
+    tp.name = pod.name;
+    tp.uid = pod.uid;
+    tp.ips = {PodTopology::kPodV4};
+    SLUICE_TRY(server_->createPod(tp));
+    return {};
   }
 
   /// The agent's registry entry of @p pod (by uid).
@@ -491,19 +508,11 @@ TEST_F(KubeAgent, CniAddWaitsForAPodNotYetWatched) {
   ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
   startAgent();
   startProxy();
-  RunningPod pod;
-  pod.ns = "shop";
-  pod.name = "late";
-  pod.uid = randomPodUid();
-  ASSERT_TRUE(pod.topo.ok()) << pod.topo.error();
+  auto late = sandbox("shop", "late");
+  const RunningPod& pod = *late;
   std::thread creator([&] {
     std::this_thread::sleep_for(700ms);
-    TestPod tp;
-    tp.namespaceName = "shop";
-    tp.name = "late";
-    tp.uid = pod.uid;
-    tp.ips = {PodTopology::kPodV4};
-    EXPECT_TRUE(server_->createPod(tp).ok());
+    EXPECT_TRUE(apiPod(pod).ok());
   });
   auto r = cni("ADD", pod, "c0ffee-late");
   creator.join();
@@ -590,17 +599,9 @@ TEST_F(KubeAgent, CniAddAsksTheApiServerWhenTheWatchIsSilent) {
   startAgent();
   startProxy();
   ASSERT_TRUE(server_->fault({{"stall", "all"}}).ok());
-  RunningPod pod;
-  pod.ns = "shop";
-  pod.name = "unwatched";
-  pod.uid = randomPodUid();
-  ASSERT_TRUE(pod.topo.ok()) << pod.topo.error();
-  TestPod tp;
-  tp.namespaceName = "shop";
-  tp.name = "unwatched";
-  tp.uid = pod.uid;
-  tp.ips = {PodTopology::kPodV4};
-  ASSERT_TRUE(server_->createPod(tp).ok());
+  auto unwatched = sandbox("shop", "unwatched");
+  const RunningPod& pod = *unwatched;
+  ASSERT_TRUE(apiPod(pod).ok());
   auto r = cni("ADD", pod, "c0ffee-unwatched");
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_TRUE(enrolled(pod));

@@ -374,6 +374,17 @@ struct RecordingHook {
   int applied = 0, undone = 0;
   bool redirectionOn = false, probeAddressesIn = false, recordIn = false;
   Status result;
+  /// apply returns `result` (changed by the test between adds), undo counts.
+  explicit RecordingHook(Status first = {}, bool fatal = true) : result(std::move(first)) {
+    hook.failureIsFatal = fatal;
+    hook.apply = [this](const PodInfo&) {
+      applied++;
+      return result;
+    };
+    hook.undo = [this](const PodInfo&) { undone++; };
+  }
+  RecordingHook(const RecordingHook&) = delete;
+  RecordingHook& operator=(const RecordingHook&) = delete;
 };
 
 // Istio's order: the hand-off runs once the redirection is in place and
@@ -415,13 +426,7 @@ TEST_P(Lifecycle, HandOffRunsBetweenRedirectionAndProbeSnat) {
 
 // A failed hand-off fails the enrollment and leaves nothing of it.
 TEST_P(Lifecycle, FailedHandOffRollsBackEverything) {
-  RecordingHook r;
-  r.result = Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN);
-  r.hook.apply = [&](const PodInfo&) {
-    r.applied++;
-    return r.result;
-  };
-  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  RecordingHook r(Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN));
   PodSpec spec;
   spec.nodeNetnsPath = h_->node().path();
   auto cookie = h_->pod().cookie();
@@ -441,14 +446,7 @@ TEST_P(Lifecycle, FailedHandOffRollsBackEverything) {
 // hand-off that failed without being fatal (a running pod's), since it may
 // have been half done.
 void LifecycleBase::expectNodeSideFailureUndoesHandOff(bool fatal, Status handOffResult) {
-  RecordingHook r;
-  r.hook.failureIsFatal = fatal;
-  r.result = handOffResult;
-  r.hook.apply = [&](const PodInfo&) {
-    r.applied++;
-    return r.result;
-  };
-  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  RecordingHook r(handOffResult, fatal);
   TestNetns elsewhere("node2");
   ASSERT_TRUE(elsewhere.ok()) << elsewhere.error();
   PodSpec spec;
@@ -497,14 +495,7 @@ TEST_P(Lifecycle, RetriedAddRetriesTheHandOff) {
 // is not fatal. The redirection and the node side stay, the failure is
 // recorded, the add succeeds; a retried add hands it off.
 TEST_P(Lifecycle, NonFatalHandOffFailureKeepsTheRedirection) {
-  RecordingHook r;
-  r.hook.failureIsFatal = false;
-  r.result = Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN);
-  r.hook.apply = [&](const PodInfo&) {
-    r.applied++;
-    return r.result;
-  };
-  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  RecordingHook r(Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN), false);
   PodSpec spec;
   spec.nodeNetnsPath = h_->node().path();
   auto info = h_->enroll(spec, &r.hook);
