@@ -7,7 +7,7 @@
 namespace sluice::agent {
 
 std::string daemonUsage() {
-  return R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
+  return std::string(R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
 
 usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
@@ -15,6 +15,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--cgroup DIR] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
                [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
+               [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
   --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
@@ -45,6 +46,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            socket as the host's runtime sees it (default: --socket)
   --version                print the version
 
+)") + kubeUsage() + R"(
 On start the agent loads its programs, switches every enrolled pod's hooks
 to them in place, removes pods whose netns is gone and repairs damaged ones.
 SIGTERM/SIGINT stop it; the data plane stays in place while it is down.
@@ -52,7 +54,7 @@ The API is documented in docs/agent-api.md.
 )";
 }
 
-Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
+Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env) {
   DaemonArgs d;
   auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
   for (size_t i = 0; i < args.size(); i++) {
@@ -64,6 +66,11 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
     if (flag == "--version") {
       d.version = true;
       return d;
+    }
+    if (isKubeFlag(flag)) {
+      if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
+      if (Status st = applyKubeFlag(d.agent.kube, flag, args[++i]); !st.ok()) return usageError(st.error().message);
+      continue;
     }
     if (flag == "--allow-private-bpffs") {
       d.agent.allowPrivateBpffs = true;
@@ -128,6 +135,7 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       d.agent.ztunnelTimeout = std::chrono::milliseconds(std::stoul(v));
     }
   }
+  if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
   if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
     return usageError("--cni-agent-socket needs --cni-conf-dir");
   return d;
