@@ -13,7 +13,7 @@
 #include "maps/sluice_maps.h"
 #include "test/bench/bpfstats.h"
 #include "test/bench/util.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::bench {
 

@@ -31,7 +31,7 @@
 #include "loader/programs.h"
 #include "loader/result.h"
 #include "maps/sluice_maps.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 

@@ -74,7 +74,7 @@
 #include "loader/netns.h"
 #include "loader/tc.h"
 #include "test/bpf/harness.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 namespace {

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "test/bpf/harness.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 namespace {

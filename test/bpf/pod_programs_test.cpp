@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "test/bpf/harness.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 namespace {
