@@ -208,10 +208,18 @@ int pod_egress(struct __sk_buff *skb)
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
 		break;
-	case PARSE_TOO_DEEP:
-		/* Fail closed: it could be TCP we cannot see. Sockets add at most
-		 * four extension headers; only raw sockets build deeper chains. */
+	case PARSE_DROP:
+		/* Fail closed: it could be TCP we cannot see (sockets never send
+		 * such frames; raw and packet sockets can). */
 		return ctx_pod(&c) ? drop(&c) : TC_ACT_OK;
+	case PARSE_UDP_FRAGMENT:
+		/* A DNS query too large for one packet: it cannot be translated
+		 * (the later fragments carry no ports), and must not reach the
+		 * resolver around the proxy. The datagram is lost without its
+		 * first fragment; other UDP is left alone (rule 5). */
+		if (c.f.dport == bpf_htons(53) && ctx_pod(&c) && (c.pod->flags & SLUICE_POD_DNS_CAPTURE))
+			return drop(&c);
+		return TC_ACT_OK;
 	default:
 		return TC_ACT_OK;
 	}
@@ -352,9 +360,19 @@ int pod_ingress(struct __sk_buff *skb)
 
 	/* Rules 9 and 6: only TCP connection set-up is captured; every later
 	 * packet goes to the socket that owns its connection. Decided before
-	 * any map lookup: most packets are these. */
-	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
-		return TC_ACT_OK;
+	 * any map lookup: most packets are these. What cannot be judged is
+	 * dropped: the stack would reassemble it (or find the TCP header
+	 * behind a long chain) after this hook. */
+	switch (parse_flow(skb, &c.f)) {
+	case PARSE_OK:
+		if (c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
+			return TC_ACT_OK;
+		break;
+	case PARSE_DROP:
+		return ctx_init(&c, skb) ? drop(&c) : TC_ACT_OK;
+	default:
+		return TC_ACT_OK; /* rule 9: UDP fragments too */
+	}
 	if (!ctx_init(&c, skb))
 		return TC_ACT_OK;
 

@@ -20,9 +20,14 @@ int possibleCpus() {
 namespace {
 
 int libbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
-  char buf[1024];
-  int n = vsnprintf(buf, sizeof(buf), fmt, args);
-  std::string msg(buf, n > 0 ? std::min<size_t>(n, sizeof(buf) - 1) : 0);
+  // Whole: a verifier log is one message of many kilobytes, and its end is
+  // the part that says why.
+  va_list again;
+  va_copy(again, args);
+  int n = vsnprintf(nullptr, 0, fmt, args);
+  std::string msg(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) vsnprintf(msg.data(), msg.size() + 1, fmt, again);
+  va_end(again);
   while (!msg.empty() && msg.back() == '\n') msg.pop_back();
   // One level lower than libbpf's own: its warnings are often expected
   // probes, its debug output is verifier-level detail.
