@@ -193,6 +193,17 @@ static __always_inline int egress_tcp(struct ctx *c)
 	return loop_to_ingress(c, c->f.tcp_flags & TCP_FLAG_SYN ? SLUICE_TAG_OWNED : SLUICE_TAG_OWNED_DATA);
 }
 
+/* The proxy's end of an owned flow sent its FIN (the app's socket is in
+ * CLOSE_WAIT or beyond): its socket may be gone by now, so pod_ingress
+ * looks it up instead of leaving the packet to the stack. Only then: the
+ * look-up costs every packet of a live connection otherwise. */
+static __always_inline int proxy_may_be_gone(const struct bpf_sock *own)
+{
+	__u32 st = own->state;
+
+	return st == BPF_TCP_CLOSE_WAIT || st == BPF_TCP_LAST_ACK || st == BPF_TCP_CLOSING;
+}
+
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
@@ -233,7 +244,8 @@ int pod_egress(struct __sk_buff *skb)
 			if (v == SLUICE_VERDICT_PASS)
 				return TC_ACT_OK;
 			if (v == SLUICE_VERDICT_OWNED)
-				return loop_to_ingress(&c, SLUICE_TAG_OWNED_DATA);
+				return loop_to_ingress(&c, proxy_may_be_gone(c.own) ? SLUICE_TAG_OWNED
+										: SLUICE_TAG_OWNED_DATA);
 		}
 	}
 	if (!ctx_pod(&c))
@@ -259,6 +271,48 @@ static __always_inline int to_listener(struct ctx *c, const __u32 *daddr, __u16 
 	/* Policy routing delivers a packet with the return mark locally, so a
 	 * foreign destination is accepted. */
 	c->skb->mark = c->cfg->return_mark;
+	return TC_ACT_OK;
+}
+
+/*
+ * Turns the looped packet into a reset to its sender (the app's socket)
+ * and delivers that: the packet mirrored -- addresses, ports, sequence and
+ * acknowledgment numbers swapped, which changes no checksum -- with flags
+ * RST|ACK, which changes one word of the TCP checksum. Its sequence number
+ * is the app's acknowledgment, the app's rcv_nxt exactly, as RFC 5961 wants
+ * of an acceptable reset. The payload stays (a reset may carry data; the
+ * receiver ignores it). Counted as dropped: the packet never reached
+ * anyone.
+ */
+static __always_inline int reset_sender(struct ctx *c)
+{
+	struct tcp_start {
+		__be16 sport, dport;
+		__be32 seq, ack_seq;
+		__be16 doff_flags;
+	} in, out;
+	__u32 addr_off, addr_len;
+
+	if (load_hdr(c->skb, c->f.l4_off, &in, sizeof(in)) < 0)
+		return drop(c);
+	out.sport = in.dport;
+	out.dport = in.sport;
+	out.seq = in.ack_seq;
+	out.ack_seq = in.seq;
+	out.doff_flags = (in.doff_flags & bpf_htons(0xff00)) | bpf_htons(TCP_FLAG_RST | TCP_FLAG_ACK);
+	if (c->f.family == AF_INET) {
+		addr_off = c->f.l3_off + offsetof(struct iphdr, saddr);
+		addr_len = 4;
+	} else {
+		addr_off = c->f.l3_off + offsetof(struct ipv6hdr, saddr);
+		addr_len = 16;
+	}
+	if (bpf_l4_csum_replace(c->skb, c->f.l4_off + 16, in.doff_flags, out.doff_flags, 2) < 0 ||
+	    bpf_skb_store_bytes(c->skb, c->f.l4_off, &out, sizeof(out), 0) < 0 ||
+	    bpf_skb_store_bytes(c->skb, addr_off, c->f.daddr, addr_len, 0) < 0 ||
+	    bpf_skb_store_bytes(c->skb, addr_off + addr_len, c->f.saddr, addr_len, 0) < 0)
+		return drop(c);
+	SLUICE_COUNT(c->cookie, dropped_pkts);
 	return TC_ACT_OK;
 }
 
@@ -289,14 +343,16 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 		return drop(c);
 
 	/* A later packet of a flow pod_egress found a proxy socket for (or of
-	 * a captured TCP DNS flow, now addressed to the pod itself): the
-	 * return mark makes its destination local, and the stack's own lookup
-	 * finds the same socket. Not assigning it lets IP early demux take
-	 * the socket's cached input route, so the packet skips both a second
-	 * socket lookup here and the policy-routed route lookup. Should the
-	 * socket be gone meanwhile, the packet is still delivered locally
-	 * (the stack answers with a reset): it never leaves the pod. */
+	 * a captured TCP DNS flow, now addressed to the pod itself, or of a
+	 * flow whose proxy end closed): delivered locally to the socket that
+	 * owns it. None any more: the proxy's socket is gone, and the stack
+	 * could not even answer with a reset (its source, the original
+	 * destination, is not a local address): reset the app instead. */
 	if (tag == SLUICE_TAG_OWNED && !(c->f.tcp_flags & TCP_FLAG_SYN)) {
+		sk = owner_lookup(c->skb, &c->f);
+		if (!sk)
+			return reset_sender(c);
+		bpf_sk_release(sk);
 		SLUICE_COUNT(c->cookie, owned_pkts);
 		return TC_ACT_OK;
 	}

@@ -339,11 +339,27 @@ std::vector<Case> ingressCases() {
                   .what = "a DNS_UDP tag on a TCP packet is inconsistent: dropped",
                   .prog = Prog::Ingress, .in = looped(f.pod, kDnsPort), .mark = tagMark(SLUICE_TAG_DNS_UDP),
                   .verdict = TC_ACT_SHOT, .outMark = kReturnMark, .counts = {.dropped_pkts = 1}});
-    cs.push_back({.name = nm(f, "tagged_owned_delivered_locally"),
-                  .what = "a packet tagged OWNED is left to the stack's socket lookup with the return mark "
-                          "(local delivery: it never leaves the pod, even if its proxy socket is gone)",
-                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK), .mark = tagMark(SLUICE_TAG_OWNED),
+    cs.push_back({.name = nm(f, "tagged_owned_with_owner_delivered_locally"),
+                  .what = "a packet tagged OWNED whose proxy socket exists is delivered locally with the return "
+                          "mark, to the socket the stack finds",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.pod, kClientPort, f.remote, kServerPort, ACK),
+                  .mark = tagMark(SLUICE_TAG_OWNED), .sockets = Sockets::Connection,
                   .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_without_owner_reset"),
+                  .what = "a packet tagged OWNED whose proxy socket is gone becomes a reset to the app: mirrored, "
+                          "RST|ACK, seq = the app's ack; delivered locally, counted as dropped (it never leaves "
+                          "the pod, and the app learns at once)",
+                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK).seq(1000, 5000),
+                  .mark = tagMark(SLUICE_TAG_OWNED), .outMark = kReturnMark,
+                  .out = Packet::tcp(f.remote, 80, f.pod, kApp, RST | ACK).seq(5000, 1000),
+                  .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_data_segment_without_owner_reset"),
+                  .what = "the same for a data segment: the reset keeps the payload (the receiver ignores it), "
+                          "so every checksum is only adjusted for the flags",
+                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK | PSH).seq(7, 9).payload("leak?"sv),
+                  .mark = tagMark(SLUICE_TAG_OWNED), .outMark = kReturnMark,
+                  .out = Packet::tcp(f.remote, 80, f.pod, kApp, RST | ACK).seq(9, 7).payload("leak?"sv),
+                  .counts = {.dropped_pkts = 1}});
     cs.push_back({.name = nm(f, "tagged_owned_data_delivered_locally"),
                   .what = "a packet tagged OWNED_DATA (egress: TCP without SYN, a proxy socket owns it) is "
                           "delivered locally with the return mark, unparsed, and counted",
