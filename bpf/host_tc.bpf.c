@@ -22,6 +22,7 @@
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/nat.h"
+#include "lib/verdict.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -126,17 +127,17 @@ int host_egress(struct __sk_buff *skb)
 	 * while a packet the node sends has no input interface (a second guard,
 	 * should a kernel ever leave a socket on a forwarded packet). */
 	if (!cfg || !skb->sk || skb->ingress_ifindex)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (parse_flow(skb, &f) != PARSE_OK || f.proto != IPPROTO_TCP)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	__builtin_memcpy(pa.addr, f.daddr, 16);
 	pa.family = f.family;
 	pod = bpf_map_lookup_elem(&pod_addrs, &pa);
 	if (!pod)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	addr_copy(probe, probe_addr(cfg, f.family), f.family);
 	if (addr_eq(f.saddr, probe, f.family))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 
 	snat_key(&fk, &f);
 	fwd = bpf_map_lookup_elem(&snat_fwd, &fk);
@@ -145,8 +146,8 @@ int host_egress(struct __sk_buff *skb)
 		 * before the pod was enrolled stay as they are. */
 		fwd = bpf_map_lookup_elem(&snat_closed, &fk);
 		if (!fwd)
-			return TC_ACT_OK;
-		return nat_rewrite(skb, &f, 1, probe, fwd->port) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+			return SLUICE_NEXT;
+		return nat_rewrite(skb, &f, 1, probe, fwd->port) < 0 ? TC_ACT_SHOT : SLUICE_NEXT;
 	}
 	if (!fwd) {
 		bpf_map_delete_elem(&snat_closed, &fk); /* the port is reused */
@@ -175,7 +176,7 @@ int host_egress(struct __sk_buff *skb)
 		return TC_ACT_SHOT;
 	if (snat_closes(flags, f.tcp_flags))
 		snat_forget(&fk, &rk, !(f.tcp_flags & TCP_FLAG_RST));
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }
 
 SEC("tc")
@@ -189,20 +190,20 @@ int host_ingress(struct __sk_buff *skb)
 	struct flow f;
 
 	if (!cfg)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (parse_flow(skb, &f) != PARSE_OK || f.proto != IPPROTO_TCP)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (!addr_eq(f.daddr, probe_addr(cfg, f.family), f.family))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	snat_key(&rk, &f);
 	rev = bpf_map_lookup_elem(&snat_rev, &rk);
 	if (!rev) {
 		/* A late packet of a closed probe connection. */
 		rev = bpf_map_lookup_elem(&snat_closed, &rk);
 		if (!rev)
-			return TC_ACT_OK;
+			return SLUICE_NEXT;
 		__builtin_memcpy(orig, rev->addr, 16);
-		return nat_rewrite(skb, &f, 0, orig, rev->port) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+		return nat_rewrite(skb, &f, 0, orig, rev->port) < 0 ? TC_ACT_SHOT : SLUICE_NEXT;
 	}
 	__builtin_memcpy(orig, rev->addr, 16);
 	orig_port = rev->port;
@@ -228,5 +229,5 @@ int host_ingress(struct __sk_buff *skb)
 	} else if (f.tcp_flags & TCP_FLAG_RST) {
 		bpf_map_delete_elem(&snat_rev, &rk);
 	}
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }

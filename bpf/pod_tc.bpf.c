@@ -25,6 +25,7 @@
 #include "lib/nat.h"
 #include "lib/sock.h"
 #include "lib/pod.h"
+#include "lib/verdict.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -54,12 +55,12 @@ static __always_inline int ctx_init(struct ctx *c, struct __sk_buff *skb)
 	return c->cfg && ctx_pod(c);
 }
 
-/* Packets left alone are not counted: a per-CPU hash update on every
- * packet was a third of the cost of a passed packet. Decisions (captures,
- * hand-offs, drops) are. */
+/* Packets left alone go to the next program (lib/verdict.h) and are not
+ * counted: a per-CPU hash update on every packet was a third of the cost of
+ * a passed packet. Decisions (captures, hand-offs, drops) are. */
 static __always_inline int pass(struct ctx *c)
 {
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }
 
 static __always_inline int drop(struct ctx *c)
@@ -211,18 +212,18 @@ int pod_egress(struct __sk_buff *skb)
 
 	c.cfg = settings_get();
 	if (!c.cfg)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	/* Rule 5: the proxy's own traffic, half the packets of every redirected
 	 * connection, leaves before any map lookup. */
 	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
 		break;
 	case PARSE_DROP:
 		/* Fail closed: it could be TCP we cannot see (sockets never send
 		 * such frames; raw and packet sockets can). */
-		return ctx_pod(&c) ? drop(&c) : TC_ACT_OK;
+		return ctx_pod(&c) ? drop(&c) : SLUICE_NEXT;
 	case PARSE_UDP_FRAGMENT:
 		/* A DNS query too large for one packet: it cannot be translated
 		 * (the later fragments carry no ports), and must not reach the
@@ -230,9 +231,9 @@ int pod_egress(struct __sk_buff *skb)
 		 * first fragment; other UDP is left alone (rule 5). */
 		if (c.f.dport == bpf_htons(53) && ctx_pod(&c) && (c.pod->flags & SLUICE_POD_DNS_CAPTURE))
 			return drop(&c);
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	default:
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	}
 	/* A later packet of a TCP socket decided before: no lookup at all.
 	 * (TCP DNS flows are translated packet by packet: not remembered.) */
@@ -242,14 +243,14 @@ int pod_egress(struct __sk_buff *skb)
 			__u32 v = verdict_get(c.own);
 
 			if (v == SLUICE_VERDICT_PASS)
-				return TC_ACT_OK;
+				return SLUICE_NEXT;
 			if (v == SLUICE_VERDICT_OWNED)
 				return loop_to_ingress(&c, proxy_may_be_gone(c.own) ? SLUICE_TAG_OWNED
 										: SLUICE_TAG_OWNED_DATA);
 		}
 	}
 	if (!ctx_pod(&c))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 
 	if (c.f.proto == IPPROTO_TCP)
 		return egress_tcp(&c);
@@ -266,12 +267,14 @@ static __always_inline int to_listener(struct ctx *c, const __u32 *daddr, __u16 
 {
 	struct bpf_sock *sk = pod_listener(c->skb, &c->f, c->cookie, daddr, port);
 
-	if (!sk || assign_release(c->skb, sk) < 0)
-		return drop(c);
+	if (!sk || assign_release(c->skb, sk) < 0) {
+		SLUICE_COUNT(c->cookie, dropped_pkts);
+		return -1;
+	}
 	/* Policy routing delivers a packet with the return mark locally, so a
 	 * foreign destination is accepted. */
 	c->skb->mark = c->cfg->return_mark;
-	return TC_ACT_OK;
+	return 0;
 }
 
 /*
@@ -313,7 +316,7 @@ static __always_inline int reset_sender(struct ctx *c)
 	    bpf_skb_store_bytes(c->skb, addr_off + addr_len, c->f.saddr, addr_len, 0) < 0)
 		return drop(c);
 	SLUICE_COUNT(c->cookie, dropped_pkts);
-	return TC_ACT_OK;
+	return SLUICE_DONE;
 }
 
 /* A packet pod_egress looped back: hand it to the proxy socket chosen. */
@@ -337,7 +340,7 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 		if (!sk || assign_release(c->skb, sk) < 0)
 			return drop(c);
 		SLUICE_COUNT(c->cookie, dns_udp_queries);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	if (c->f.proto != IPPROTO_TCP)
 		return drop(c);
@@ -354,7 +357,7 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 			return reset_sender(c);
 		bpf_sk_release(sk);
 		SLUICE_COUNT(c->cookie, owned_pkts);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 
 	/* Retransmitted SYNs go to the socket that owns the flow (request,
@@ -364,23 +367,23 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 		if (assign_release(c->skb, sk) < 0)
 			return drop(c);
 		SLUICE_COUNT(c->cookie, owned_pkts);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	if (!flow_is_syn(&c->f))
 		return drop(c); /* its proxy socket is gone: never leak it */
 
 	if (tag == SLUICE_TAG_DNS_TCP) {
 		addr_set_loopback(lo, c->f.family);
-		if (to_listener(c, lo, c->cfg->dns_port) != TC_ACT_OK)
+		if (to_listener(c, lo, c->cfg->dns_port) < 0)
 			return TC_ACT_SHOT;
 		SLUICE_COUNT(c->cookie, dns_tcp_conns);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	if (tag == SLUICE_TAG_OUTBOUND) {
-		if (to_listener(c, c->f.daddr, c->cfg->outbound_port) != TC_ACT_OK)
+		if (to_listener(c, c->f.daddr, c->cfg->outbound_port) < 0)
 			return TC_ACT_SHOT;
 		SLUICE_COUNT(c->cookie, outbound_conns);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	return drop(c);
 }
@@ -398,7 +401,7 @@ static __always_inline int ingress_owned_data(struct __sk_buff *skb)
 	skb->mark = cfg->return_mark;
 	cookie = pod_cookie(skb);
 	SLUICE_COUNT(cookie, owned_pkts);
-	return TC_ACT_OK;
+	return SLUICE_DONE;
 }
 
 SEC("tc")
@@ -412,7 +415,7 @@ int pod_ingress(struct __sk_buff *skb)
 	if (mark == (SLUICE_TAG_MAGIC | SLUICE_TAG_OWNED_DATA))
 		return ingress_owned_data(skb);
 	if ((mark & SLUICE_TAG_MASK) == SLUICE_TAG_MAGIC)
-		return ctx_init(&c, skb) ? ingress_looped(&c, mark & ~SLUICE_TAG_MASK) : TC_ACT_OK;
+		return ctx_init(&c, skb) ? ingress_looped(&c, mark & ~SLUICE_TAG_MASK) : SLUICE_NEXT;
 
 	/* Rules 9 and 6: only TCP connection set-up is captured; every later
 	 * packet goes to the socket that owns its connection. Decided before
@@ -422,32 +425,35 @@ int pod_ingress(struct __sk_buff *skb)
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
 		if (c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
-			return TC_ACT_OK;
+			return SLUICE_NEXT;
 		break;
 	case PARSE_DROP:
-		return ctx_init(&c, skb) ? drop(&c) : TC_ACT_OK;
+		return ctx_init(&c, skb) ? drop(&c) : SLUICE_NEXT;
 	default:
-		return TC_ACT_OK; /* rule 9: UDP fragments too */
+		return SLUICE_NEXT; /* rule 9: UDP fragments too */
 	}
 	if (!ctx_init(&c, skb))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 
-	/* Virtual interfaces: TCP arriving there is outbound traffic. */
+	/* Virtual interfaces: TCP arriving there is outbound traffic. A real
+	 * inbound packet handed to the proxy goes on to the next program (lib/
+	 * verdict.h): others see inbound connection set-up as they would before
+	 * Istio's TPROXY rules. */
 	if (c.pod->reroute_count && is_reroute_iface(&c)) {
-		if (to_listener(&c, c.f.daddr, c.cfg->outbound_port) != TC_ACT_OK)
+		if (to_listener(&c, c.f.daddr, c.cfg->outbound_port) < 0)
 			return TC_ACT_SHOT;
 		SLUICE_COUNT(c.cookie, outbound_conns);
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	}
 	if (!(c.pod->flags & SLUICE_POD_INBOUND_CAPTURE) ||
 	    c.f.dport == bpf_htons(c.cfg->hbone_port) ||        /* rule 7 */
 	    is_probe_addr(&c, c.f.saddr) ||                       /* rule 8 */
 	    addr_is_loopback(c.f.daddr, c.f.family))
 		return pass(&c);
-	if (to_listener(&c, c.f.daddr, c.cfg->inbound_port) != TC_ACT_OK) /* rule 6 */
+	if (to_listener(&c, c.f.daddr, c.cfg->inbound_port) < 0) /* rule 6 */
 		return TC_ACT_SHOT;
 	SLUICE_COUNT(c.cookie, inbound_conns);
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }
 
 /* Rules 2 and 3, the answer: on lo, where the DNS listener's replies to the
@@ -462,22 +468,22 @@ int pod_lo_egress(struct __sk_buff *skb)
 
 	c.cfg = settings_get();
 	if (!c.cfg)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.sport != bpf_htons(c.cfg->dns_port))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	c.cookie = pod_cookie(skb);
 	dns_nat_key(&c, &k, c.f.daddr, c.f.dport);
 	v = bpf_map_lookup_elem(&dns_nat, &k);
 	if (!v)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	/* Only the DNS listener's answers: UDP from the loopback address it is
 	 * bound to, TCP from the pod address the query was translated to. */
 	if (!addr_is_loopback(c.f.saddr, c.f.family) &&
 	    !addr_eq(c.f.saddr, c.f.daddr, c.f.family))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	__builtin_memcpy(resolver, v->resolver_addr, 16);
 	if (nat_rewrite(skb, &c.f, 1, resolver, v->resolver_port) < 0)
 		return TC_ACT_SHOT;
 	SLUICE_COUNT(c.cookie, dns_answers);
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }

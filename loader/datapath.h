@@ -164,8 +164,13 @@ class Datapath {
   Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
                      sluice_pod_record& rec);
 
+  /// A second instance of the programs (same maps), loaded when a sweep
+  /// moves a tcx link to the front (moveTcxToFront); dropped after it.
+  Result<PodPrograms*> stagingPrograms();
+
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;
+  std::unique_ptr<PodPrograms> staging_;
 };
 
 }  // namespace sluice

@@ -188,7 +188,7 @@ const char* progName(Prog p) {
 
 std::string verdictName(int v) {
   switch (v) {
-    case TC_ACT_UNSPEC: return "TC_ACT_UNSPEC";
+    case kNext: return "NEXT (TCX_NEXT / TC_ACT_UNSPEC)";
     case TC_ACT_OK: return "TC_ACT_OK";
     case TC_ACT_RECLASSIFY: return "TC_ACT_RECLASSIFY";
     case TC_ACT_SHOT: return "TC_ACT_SHOT";

@@ -134,7 +134,7 @@ struct HostCase {
   std::vector<Snat> rev{};              ///< snat_rev seed
   bool zeroSettings = false;
 
-  int verdict = TC_ACT_OK;
+  int verdict = kNext;
   std::optional<Packet> out{};                 ///< nullopt: unchanged
   std::optional<std::vector<Snat>> fwdAfter{};  ///< nullopt: the seed
   std::optional<std::vector<Snat>> revAfter{};  ///< nullopt: the seed
@@ -605,7 +605,7 @@ class HostSeq : public SandboxTest, public ::testing::WithParamInterface<const H
 
   // Runs prog over in and expects verdict and output (nullopt: unchanged).
   void step(const std::string& what, Prog prog, const Packet& in, const std::optional<Packet>& out,
-            int verdict = TC_ACT_OK) {
+            int verdict = kNext) {
     SCOPED_TRACE(what);
     auto r = sb().run(prog, in.bytes());
     ASSERT_TRUE(r.ok()) << r.error().message;
@@ -625,7 +625,7 @@ class HostSeq : public SandboxTest, public ::testing::WithParamInterface<const H
       ADD_FAILURE() << r.error().message;
       return 0;
     }
-    if (r->verdict != TC_ACT_OK) {
+    if (r->verdict != kNext) {
       ADD_FAILURE() << "SYN from " << node << ":" << port << ": " << verdictName(r->verdict);
       return 0;
     }
