@@ -158,8 +158,10 @@ struct sluice_pod_stats {
 	__u64 dns_udp_queries; /* datagrams handed to the DNS listener */
 	__u64 dns_answers;     /* answers given the resolver's address back */
 	__u64 owned_pkts;      /* later packets handed to a proxy-owned socket */
-	__u64 passed_pkts;     /* unused, always 0: passed packets are not counted (cost) */
-	__u64 dropped_pkts;    /* fail closed: no proxy socket to hand to */
+	__u64 reserved;        /* was passed_pkts, never counted (cost): kept so the
+				* layout of pinned maps stays; not shown anywhere */
+	__u64 dropped_pkts;    /* fail closed: no proxy socket to hand to, or a
+				* packet that cannot be judged (see README) */
 	__u64 probe_conns;     /* node-side: probe connections given the probe source */
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_stats) == 72, "sluice_pod_stats layout");
