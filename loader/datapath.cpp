@@ -5,6 +5,7 @@
 #include <net/if.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -228,8 +229,13 @@ Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options)
   SLUICE_TRY(ensureBpffsRoot(options.bpffsRoot));
   auto lock = StateLock::acquire(options.bpffsRoot);
   SLUICE_TRY(lock);
-  auto programs = PodPrograms::load(options.bpffsRoot);
+  auto programs = PodPrograms::load(options.bpffsRoot, options.snatEntries);
   SLUICE_TRY(programs);
+  // Earlier builds kept probe SNAT in two maps; this one keeps one element
+  // per connection in snat_rev (its entries keep working) and no longer
+  // uses snat_fwd, whose pin would otherwise stay behind.
+  std::string obsolete = options.bpffsRoot + "/" + SLUICE_PIN_OBSOLETE_SNAT_FWD;
+  if (::unlink(obsolete.c_str()) == 0) spdlog::info("removed {}, which this build no longer uses", obsolete);
   auto current = (*programs)->settings.lookup(0);
   bool fresh = !current || current->outbound_port == 0;
   if (fresh) {
@@ -607,7 +613,7 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
     auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
     if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
   }
-  for (const auto* m : {&programs_->snatFwd, &programs_->snatRev, &programs_->snatClosed})
+  for (const auto* m : {&programs_->snatRev, &programs_->snatClosed})
     for (const auto& k : m->keys()) {
       auto v = m->lookup(k);
       if (v && v->netns_cookie == rec.netns_cookie) keep(m->erase(k));
@@ -721,7 +727,7 @@ struct Hook {
 
 Result<PodPrograms*> Datapath::stagingPrograms() {
   if (!staging_) {
-    auto p = PodPrograms::load(options_.bpffsRoot);
+    auto p = PodPrograms::load(options_.bpffsRoot, options_.snatEntries);
     SLUICE_TRY(p);
     staging_ = std::move(*p);
   }

@@ -35,6 +35,10 @@ struct DatapathOptions {
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
   TcMode tcMode = TcMode::Auto;
   Settings settings;
+  /// Probe SNAT connections held at once (snat_rev's capacity); the least
+  /// recently used are forgotten beyond it. Tests set it low to put the map
+  /// under pressure; every process sharing a bpffs root must agree.
+  uint32_t snatEntries = SLUICE_SNAT_ENTRIES;
 };
 
 /// What `pod add` asks for.

@@ -72,14 +72,13 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   SLUICE_TRY(bindMap(m.dns_nat, dnsNat));
   SLUICE_TRY(bindMap(m.pods, pods));
   SLUICE_TRY(bindMap(m.pod_addrs, podAddrs));
-  SLUICE_TRY(bindMap(m.snat_fwd, snatFwd));
   SLUICE_TRY(bindMap(m.snat_rev, snatRev));
   SLUICE_TRY(bindMap(m.snat_closed, snatClosed));
   SLUICE_TRY(bindMap(m.pod_listeners, podListeners));
   return {};
 }
 
-Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) {
+Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, uint32_t snatEntries) {
   routeLibbpfLogging();
   // Checked before the load so that the error names the feature rather
   // than a verifier line.
@@ -94,16 +93,19 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   if (p->cookieMethod_ == PodCookieMethod::KernCtx) {
     p->skel_ = pod_tc__open_opts(&opts);
     if (!p->skel_) return Error::fromErrno(errno, "open BPF object pod_tc");
+    bpf_map__set_max_entries(p->skel_->maps.snat_rev, snatEntries);
     SLUICE_TRY(p->loadPod(p->skel_, pod_tc__load));
   } else {
     p->compat_ = pod_tc_compat__open_opts(&opts);
     if (!p->compat_) return Error::fromErrno(errno, "open BPF object pod_tc_compat");
+    bpf_map__set_max_entries(p->compat_->maps.snat_rev, snatEntries);
     SLUICE_TRY(p->loadPod(p->compat_, pod_tc_compat__load));
   }
   // The node programs second: their maps are the pod programs' (pinned by
   // name under the same root, so libbpf reuses them).
   p->host_ = host_tc__open_opts(&opts);
   if (!p->host_) return Error::fromErrno(errno, "open BPF object host_tc");
+  bpf_map__set_max_entries(p->host_->maps.snat_rev, snatEntries);
   if (int err = host_tc__load(p->host_); err != 0)
     return Error::fromErrno(err, "load node BPF programs (run with --log-level debug for the verifier log)");
   return p;

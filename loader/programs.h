@@ -27,7 +27,9 @@ class PodPrograms {
   /// features are probed first (kernelFeatures()): a kernel below the
   /// minimum gets an error naming what it lacks, and the pod programs are
   /// the variant of the report's pod-cookie method.
-  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root);
+  /// snatEntries: the capacity of snat_rev (probe SNAT connections); a
+  /// pinned map of another capacity is not reused (libbpf refuses it).
+  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root, uint32_t snatEntries = SLUICE_SNAT_ENTRIES);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
   PodPrograms& operator=(const PodPrograms&) = delete;
@@ -46,8 +48,7 @@ class PodPrograms {
   BpfMap<sluice_dns_nat_key, sluice_dns_nat_value> dnsNat;
   BpfMap<sluice_pod_id, sluice_pod_record> pods;
   BpfMap<sluice_pod_addr, sluice_pod_addr_info> podAddrs;
-  BpfMap<sluice_snat_key, sluice_snat_value> snatFwd;
-  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;
+  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;  ///< probe SNAT: one element per connection
   BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
   BpfMap<sluice_listener_key, __u64> podListeners;  ///< SOCKHASH: values are sockets
 

@@ -114,7 +114,9 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_
 #define SLUICE_PIN_DNS_NAT "dns_nat"
 #define SLUICE_PIN_PODS "pods"
 #define SLUICE_PIN_POD_ADDRS "pod_addrs"
-#define SLUICE_PIN_SNAT_FWD "snat_fwd"
+/* Pins of earlier builds that the loader removes. snat_fwd: the forward
+ * half of probe SNAT state, before one element per connection (issue 13). */
+#define SLUICE_PIN_OBSOLETE_SNAT_FWD "snat_fwd"
 #define SLUICE_PIN_SNAT_REV "snat_rev"
 #define SLUICE_PIN_SNAT_CLOSED "snat_closed"
 #define SLUICE_PIN_POD_LISTENERS "pod_listeners"
@@ -206,10 +208,11 @@ struct sluice_pod_addr_info {
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr_info) == 8, "sluice_pod_addr_info layout");
 
 /*
- * Probe SNAT state: one TCP connection as it appears on the wire at the
- * pod's host-side interface. snat_fwd: original (node addr:port -> pod
- * addr:port) -> translated source; snat_rev: the reply as the pod sends it
- * (pod addr:port -> probe addr:port) -> original node addr:port.
+ * Probe SNAT state: one element per translated TCP connection, in snat_rev
+ * (and snat_closed once it is over), both directions' state in it: keyed by
+ * the reply as the pod sends it (pod addr:port -> probe addr:translated
+ * port); the value is the original node addr:port, the FIN flags and the
+ * pod's cookie. An LRU eviction takes a connection whole.
  */
 struct sluice_snat_key {
 	__u8 saddr[16];
@@ -226,9 +229,10 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_snat_key) == 40, "sluice_snat_key layo
 #define SLUICE_SNAT_FIN_IN (1u << 1)  /* the pod sent FIN */
 
 struct sluice_snat_value {
-	__u8 addr[16]; /* fwd: probe address; rev: the prober's address */
-	__be16 port;   /* fwd: translated port; rev: the prober's port */
-	__u16 flags;   /* SLUICE_SNAT_FIN_* (kept in the fwd entry) */
+	__u8 addr[16]; /* the prober's address */
+	__be16 port;   /* the prober's port */
+	__u16 flags;   /* SLUICE_SNAT_FIN_*; port, flags and pad form one
+			* aligned 64-bit word, which the programs update atomically */
 	__u32 pad;
 	__u64 netns_cookie;
 };

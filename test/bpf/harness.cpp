@@ -293,11 +293,10 @@ Status Sandbox::resetMaps() {
   for (const auto& k : p.dnsNat.keys()) SLUICE_TRY(p.dnsNat.erase(k));
   for (const auto& k : p.pods.keys()) SLUICE_TRY(p.pods.erase(k));
   for (const auto& k : p.podAddrs.keys()) SLUICE_TRY(p.podAddrs.erase(k));
-  for (const auto& k : p.snatFwd.keys()) SLUICE_TRY(p.snatFwd.erase(k));
   for (const auto& k : p.snatRev.keys()) SLUICE_TRY(p.snatRev.erase(k));
   for (const auto& k : p.snatClosed.keys()) SLUICE_TRY(p.snatClosed.erase(k));
   if (!p.podConfig.keys().empty() || !p.podStats.keys().empty() || !p.dnsNat.keys().empty() ||
-      !p.podAddrs.keys().empty() || !p.snatFwd.keys().empty() || !p.snatRev.keys().empty() ||
+      !p.podAddrs.keys().empty() || !p.snatRev.keys().empty() ||
       !p.snatClosed.keys().empty())
     return Error::msg("maps not empty after reset");
   return {};
@@ -459,12 +458,12 @@ Status Sandbox::addPodAddr(const std::string& addr, uint64_t cookie) {
   return {};
 }
 
-Status Sandbox::seedSnat(bool fwd, const sluice_snat_key& k, const sluice_snat_value& v) {
-  return (fwd ? programs().snatFwd : programs().snatRev).update(k, v);
+Status Sandbox::seedSnat(const sluice_snat_key& k, const sluice_snat_value& v) {
+  return programs().snatRev.update(k, v);
 }
 
-std::vector<std::pair<sluice_snat_key, sluice_snat_value>> Sandbox::snatEntries(bool fwd) const {
-  const auto& m = fwd ? programs().snatFwd : programs().snatRev;
+std::vector<std::pair<sluice_snat_key, sluice_snat_value>> Sandbox::snatEntries() const {
+  const auto& m = programs().snatRev;
   std::vector<std::pair<sluice_snat_key, sluice_snat_value>> out;
   for (const auto& k : m.keys())
     if (auto v = m.lookup(k)) out.emplace_back(k, *v);

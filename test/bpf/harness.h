@@ -126,10 +126,10 @@ class Sandbox {
   /// Seeds pod_addrs[addr] = {cookie} (Istio's probe ipset) and, unless
   /// there is one already, an empty pod_stats[cookie].
   Status addPodAddr(const std::string& addr, uint64_t cookie);
-  /// Seeds a probe SNAT entry (fwd: snat_fwd, else snat_rev).
-  Status seedSnat(bool fwd, const sluice_snat_key& k, const sluice_snat_value& v);
-  /// The whole snat_fwd (fwd) or snat_rev map, sorted by key text.
-  std::vector<std::pair<sluice_snat_key, sluice_snat_value>> snatEntries(bool fwd) const;
+  /// Seeds a probe SNAT connection (an element of snat_rev).
+  Status seedSnat(const sluice_snat_key& k, const sluice_snat_value& v);
+  /// The whole snat_rev map (one element per connection), sorted by key text.
+  std::vector<std::pair<sluice_snat_key, sluice_snat_value>> snatEntries() const;
   /// pod_stats[cookie] summed over CPUs (counters() for another cookie).
   std::optional<sluice_pod_stats> countersOf(uint64_t cookie) const;
 
