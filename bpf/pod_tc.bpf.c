@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
 /*
  * sluice's in-pod programs: the BPF counterpart of Istio ambient's in-pod
- * netfilter rules (../shared/spec/redirection.md, rules 1-9).
+ * netfilter rules (docs/redirection.md, rules 1-9).
  *
  *   app ──▶ eth0 egress (pod_egress) ─┐ decide; tag the mark; DNS: DNAT
  *                                     │ bpf_redirect(eth0, BPF_F_INGRESS)
@@ -214,8 +214,10 @@ int pod_egress(struct __sk_buff *skb)
 	if (!c.cfg)
 		return SLUICE_NEXT;
 	/* Rule 5: the proxy's own traffic, half the packets of every redirected
-	 * connection, leaves before any map lookup. */
-	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark)
+	 * connection, leaves before any per-pod lookup. A marked packet from
+	 * another cgroup than the proxy's (when those are known) is an app
+	 * that set the mark itself: it is judged like any other. */
+	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark && proxy_marked_is_proxy(skb))
 		return SLUICE_NEXT;
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:

@@ -2,7 +2,10 @@
 // serializes changes to it between processes.
 #pragma once
 
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "loader/fd.h"
 #include "loader/result.h"
@@ -16,6 +19,47 @@ Status ensureBpffsRoot(const std::string& root);
 
 /// True when `path` is on a bpf filesystem.
 bool isOnBpffs(const std::string& path);
+
+/// One line of /proc/PID/mountinfo (proc(5)).
+struct MountEntry {
+  uint64_t id = 0;                    ///< mount ID, unique system-wide
+  std::string device;                 ///< "major:minor" of the filesystem instance
+  std::string mountPoint;             ///< unescaped
+  std::vector<std::string> optional;  ///< propagation: "shared:N", "master:N", ...
+  std::string fsType;
+};
+
+/// Parses mountinfo text; lines it cannot read are skipped.
+std::vector<MountEntry> parseMountinfo(const std::string& text);
+
+/// Whether the bpffs holding a root outlives the caller's mount namespace.
+/// A bpf filesystem lives as long as one of its mounts does: a bpffs
+/// mounted only inside a container's private mount namespace (an agent
+/// that mounted it itself, `ip netns exec`, a missing Bidirectional
+/// hostPath) goes with that namespace, and every pin under it -- maps and
+/// tcx links, every pod's redirection -- with it.
+struct BpffsMount {
+  std::string mountPoint;   ///< where the root's bpffs is mounted here
+  std::string device;       ///< "major:minor" of the bpffs instance
+  std::string propagation;  ///< "private" or the optional fields ("shared:12")
+  bool outlivesNamespace = false;
+  std::string why;  ///< how that was decided, one phrase
+};
+
+/// Decides BpffsMount for the mount with ID @p mountId, from this
+/// process's mountinfo and PID 1's (nullopt: unreadable). With
+/// @p initialPidNs (the host's PID namespace, as under hostPID) PID 1 is
+/// the host's init, so its mount table is the host's: the bpffs outlives
+/// this namespace iff the host mounts the same instance (device). Without
+/// it only the mount's propagation can tell: shared or slave mounts are
+/// tied to mounts outside. Pure, for the unit tests.
+Result<BpffsMount> judgeBpffsMount(uint64_t mountId, const std::string& selfMountinfo,
+                                   const std::optional<std::string>& initMountinfo, bool initialPidNs);
+
+/// BpffsMount of the bpffs that holds @p root (which must exist), from
+/// /proc/self/mountinfo, /proc/1/mountinfo and this process's PID
+/// namespace.
+Result<BpffsMount> inspectBpffsMount(const std::string& root);
 
 /// Exclusive lock over the pinned state under a bpffs root: every change
 /// (pod add/remove, first map creation) happens under it, so several

@@ -1,6 +1,7 @@
 #include "loader/datapath.h"
 
 #include <arpa/inet.h>
+#include <bpf/bpf.h>
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <spdlog/spdlog.h>
@@ -10,10 +11,12 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <set>
 
 #include "loader/bpffs.h"
+#include "loader/cgroup.h"
 #include "loader/features.h"
 #include "loader/privileges.h"
 #include "loader/netlink.h"
@@ -138,14 +141,40 @@ std::string hostPin(const std::string& dir, const sluice_pod_iface& host, TcHook
   return dir + "/host_" + std::string(host.name, strnlen(host.name, sizeof(host.name))) + "_" + tcHookName(hook);
 }
 
+// Whether the netns a pod was enrolled from is gone: its file is missing,
+// is no netns any more (the placeholder of an unmounted /var/run/netns
+// entry), or names another netns now.
+Result<bool> recordedNetnsGone(const sluice_pod_record& rec) {
+  std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
+  auto ns = openNetns(path);
+  if (!ns.ok()) {
+    if (ns.error().code == ENOENT || ns.error().code == EINVAL) return true;
+    return ns.error();
+  }
+  bool other = false;
+  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
+    auto cookie = currentNetnsCookie();
+    SLUICE_TRY(cookie);
+    other = *cookie != rec.netns_cookie;
+    return {};
+  }));
+  return other;
+}
+
+Status requireAbsolute(const std::string& path, const char* what) {
+  if (!path.empty() && path[0] != '/')
+    return Error::msg(std::string(what) + " path '" + path +
+                          "' is relative: give an absolute path (every sluice process must find the same file)",
+                      EINVAL);
+  return {};
+}
+
 uint64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
 }
 
 }  // namespace
-
-Error notEnrolledError(const std::string& id) { return Error::msg("pod '" + id + "' is not enrolled", ENOENT); }
 
 Error otherSettingsError(const PodInfo& enrolled) {
   return Error::msg("pod '" + enrolled.id + "' is already enrolled with other settings (" + describeConfig(enrolled) +
@@ -175,29 +204,6 @@ Result<sluice_settings> encodeSettings(const Settings& s) {
   return out;
 }
 
-std::string defaultPodId(const std::string& netnsPath) {
-  std::string p = netnsPath;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  // /proc/PID/ns/net and /proc/PID/task/TID/ns/net all end in "net".
-  if (p.rfind("/proc/", 0) == 0 && p.size() > 7 && p.compare(p.size() - 7, 7, "/ns/net") == 0) {
-    std::string rest = p.substr(6, p.size() - 13);
-    std::string pid = rest.substr(0, rest.find('/'));
-    if (!pid.empty() && std::all_of(pid.begin(), pid.end(), ::isdigit)) return "pid-" + pid;
-  }
-  auto slash = p.find_last_of('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
-Status validatePodId(const std::string& id) {
-  if (id.empty()) return Error::msg("pod id is empty", EINVAL);
-  if (id.size() >= SLUICE_ID_LEN)
-    return Error::msg("pod id '" + id + "' is longer than " + std::to_string(SLUICE_ID_LEN - 1) + " characters", EINVAL);
-  for (char c : id)
-    if (!(isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-'))
-      return Error::msg("pod id '" + id + "' has characters other than A-Z a-z 0-9 . _ -", EINVAL);
-  return {};
-}
-
 PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
   PodInfo p;
   p.id = id;
@@ -217,8 +223,41 @@ PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec) {
   if (rec.host_iface.ifindex) p.hostIface = fromFixed(rec.host_iface.name, sizeof(rec.host_iface.name));
   p.nodeNetnsPath = fromFixed(rec.node_netns_path, sizeof(rec.node_netns_path));
   for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) p.ips.push_back(formatPodAddr(rec.addrs[i]));
+  p.identity.uid = fromFixed(rec.identity.uid, sizeof(rec.identity.uid));
+  p.identity.name = fromFixed(rec.identity.name, sizeof(rec.identity.name));
+  p.identity.ns = fromFixed(rec.identity.ns, sizeof(rec.identity.ns));
+  p.identity.serviceAccount = fromFixed(rec.identity.service_account, sizeof(rec.identity.service_account));
+  p.handoff = rec.handoff.state == SLUICE_HANDOFF_ACKED    ? HandoffState::Acked
+              : rec.handoff.state == SLUICE_HANDOFF_FAILED ? HandoffState::Failed
+                                                           : HandoffState::None;
+  p.handoffError = fromFixed(rec.handoff.error, sizeof(rec.handoff.error));
+  p.handoffAtNs = rec.handoff.at_ns;
   return p;
 }
+
+namespace {
+
+void recordIdentity(sluice_pod_record& rec, const PodIdentity& id) {
+  copyString(rec.identity.uid, sizeof(rec.identity.uid), id.uid);
+  copyString(rec.identity.name, sizeof(rec.identity.name), id.name);
+  copyString(rec.identity.ns, sizeof(rec.identity.ns), id.ns);
+  copyString(rec.identity.service_account, sizeof(rec.identity.service_account), id.serviceAccount);
+}
+
+void recordHandoff(sluice_pod_record& rec, HandoffState state, const std::string& error) {
+  rec.handoff.state = state == HandoffState::Acked    ? SLUICE_HANDOFF_ACKED
+                      : state == HandoffState::Failed ? SLUICE_HANDOFF_FAILED
+                                                      : SLUICE_HANDOFF_NONE;
+  copyString(rec.handoff.error, sizeof(rec.handoff.error), error);
+  rec.handoff.at_ns = nowNs();
+}
+
+std::string describeIdentity(const PodIdentity& id) {
+  if (id.empty()) return "no identity";
+  return "uid '" + id.uid + "', " + id.ns + "/" + id.name;
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options) {
   auto wanted = encodeSettings(options.settings);
@@ -231,11 +270,6 @@ Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options)
   SLUICE_TRY(lock);
   auto programs = PodPrograms::load(options.bpffsRoot, options.snatEntries);
   SLUICE_TRY(programs);
-  // Earlier builds kept probe SNAT in two maps; this one keeps one element
-  // per connection in snat_rev (its entries keep working) and no longer
-  // uses snat_fwd, whose pin would otherwise stay behind.
-  std::string obsolete = options.bpffsRoot + "/" + SLUICE_PIN_OBSOLETE_SNAT_FWD;
-  if (::unlink(obsolete.c_str()) == 0) spdlog::info("removed {}, which this build no longer uses", obsolete);
   auto current = (*programs)->settings.lookup(0);
   bool fresh = !current || current->outbound_port == 0;
   if (fresh) {
@@ -259,25 +293,23 @@ std::string Datapath::linkDir(const std::string& id) const {
 Result<std::string> Datapath::podIdForNetns(const std::string& netnsPath) {
   auto ns = openNetns(netnsPath);
   SLUICE_TRY(ns);
-  uint64_t cookie = 0;
-  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
-    auto c = currentNetnsCookie();
-    SLUICE_TRY(c);
-    cookie = *c;
-    return {};
-  }));
+  auto cookie = netnsCookie(ns->get());
+  SLUICE_TRY(cookie);
   for (const auto& key : programs_->pods.keys()) {
     auto rec = programs_->pods.lookup(key);
-    if (rec && rec->netns_cookie == cookie) return fromFixed(key.id, sizeof(key.id));
+    if (rec && rec->netns_cookie == *cookie) return fromFixed(key.id, sizeof(key.id));
   }
   return Error::msg("netns " + netnsPath + " is not enrolled", ENOENT);
 }
 
-Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
+Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
   SLUICE_TRY(validatePodId(id));
+  SLUICE_TRY(validatePodIdentity(spec.identity));
   if (spec.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
     return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " --reroute-iface", EINVAL);
+  SLUICE_TRY(requireAbsolute(spec.netnsPath, "netns"));
+  if (spec.nodeNetnsPath) SLUICE_TRY(requireAbsolute(*spec.nodeNetnsPath, "node netns"));
   auto ns = openNetns(spec.netnsPath);
   SLUICE_TRY(ns);
   auto lock = StateLock::acquire(options_.bpffsRoot);
@@ -294,10 +326,20 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   rec.enrolled_at_ns = nowNs();
   rec.config.flags = (spec.dnsCapture ? SLUICE_POD_DNS_CAPTURE : 0) | (spec.inboundCapture ? SLUICE_POD_INBOUND_CAPTURE : 0);
   copyString(rec.config.id, sizeof(rec.config.id), id);
+  recordIdentity(rec, spec.identity);
 
   TcMode mode = spec.tcMode.value_or(options_.tcMode);
   std::string pinDir = linkDir(id);
   auto existing = programs_->pods.lookup(podKey(id));
+  if (existing) {
+    // A pod whose netns is gone (no agent swept it) must not block its id.
+    auto gone = recordedNetnsGone(*existing);
+    SLUICE_TRY(gone);
+    if (*gone) {
+      SLUICE_TRY(reapStale(id, *existing, "its id"));
+      existing.reset();
+    }
+  }
   bool alreadyEnrolled = false;
   int podVethIfindex = 0, peerIfindex = 0;
   if (spec.ips.size() > SLUICE_MAX_POD_ADDRS)
@@ -350,6 +392,10 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
         return Error::msg("pod id '" + id + "' is already enrolled for another netns (" + have.netnsPath + ")", EEXIST);
       if (!sameConfig(existing->config, rec.config))
         return otherSettingsError(have);
+      if (have.identity != spec.identity)
+        return Error::msg("pod '" + id + "' is already enrolled with another identity (" + describeIdentity(have.identity) +
+                              "); remove it first",
+                          EEXIST);
       alreadyEnrolled = true;
       return {};
     }
@@ -475,21 +521,42 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec) {
   SLUICE_TRY(inNs);
   if (alreadyEnrolled) {
     spdlog::info("pod {} is already enrolled with these settings", id);
-    return podInfoFromRecord(id, *existing);
+    PodInfo have = podInfoFromRecord(id, *existing);
+    if (!hook) return have;
+    // A retried enrollment retries the hand-off (the node proxy answers a
+    // pod it has with success); a failure leaves the enrollment as it was.
+    Status handed = hook->apply(have);
+    SLUICE_TRY(setHandoff(id, handed.ok() ? HandoffState::Acked : HandoffState::Failed,
+                          handed.ok() ? "" : handed.error().message));
+    SLUICE_TRY(handed);
+    auto now = programs_->pods.lookup(podKey(id));
+    return now ? podInfoFromRecord(id, *now) : have;
   }
 
-  // Map entries; the pod's config goes last: it switches redirection on.
+  // Map entries, in Istio's order: redirection in place (the pod's config
+  // switches it on), then the hand-off to the node proxy, then the node
+  // side (probe SNAT) last.
   sluice_pod_stats zero{};
+  bool handedOff = false;
   Status st = programs_->pods.update(podKey(id), rec, BPF_NOEXIST);
   if (st.ok()) st = programs_->podStats.update(rec.netns_cookie, zero);
+  if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
+  if (st.ok() && hook) {
+    st = hook->apply(podInfoFromRecord(id, rec));
+    handedOff = st.ok();
+    if (st.ok()) {
+      recordHandoff(rec, HandoffState::Acked, "");
+      st = programs_->pods.update(podKey(id), rec);
+    }
+  }
   if (st.ok() && spec.nodeNetnsPath) {
     st = addNodeSide(id, spec, podVethIfindex, peerIfindex, rec);
     if (st.ok()) st = programs_->pods.update(podKey(id), rec);
   }
-  if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
   if (!st.ok()) {
     (void)programs_->pods.update(podKey(id), rec);  // teardown reads the record
     (void)teardown(id, rec);
+    if (handedOff && hook->undo) hook->undo(podInfoFromRecord(id, rec));
     return st.error();
   }
   PodInfo info = podInfoFromRecord(id, rec);
@@ -547,12 +614,26 @@ Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int pod
     rec.addr_count = 0;  // nothing on the node translates towards this pod
     return {};
   }
-  // The pod's addresses (Istio's probe ipset). An address another pod has
-  // registered is a conflict, not something to take over.
+  // The pod's addresses (Istio's probe ipset). An address another live pod
+  // has registered is a conflict, not something to take over; one held by
+  // a pod whose netns is gone (or by none) is reaped.
   for (uint32_t i = 0; i < rec.addr_count; i++) {
     auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
-    if (owner && owner->netns_cookie != rec.netns_cookie)
-      return Error::msg("address " + formatPodAddr(rec.addrs[i]) + " is already registered for another pod", EEXIST);
+    if (!owner || owner->netns_cookie == rec.netns_cookie) continue;
+    const std::string addr = formatPodAddr(rec.addrs[i]);
+    std::optional<std::pair<std::string, sluice_pod_record>> holder;
+    for (const auto& key : programs_->pods.keys())
+      if (auto other = programs_->pods.lookup(key); other && other->netns_cookie == owner->netns_cookie)
+        holder = {fromFixed(key.id, sizeof(key.id)), *other};
+    if (!holder) {
+      spdlog::warn("pod {}: address {} was registered for no enrolled pod (a stale entry); taking it over", id, addr);
+      continue;
+    }
+    auto gone = recordedNetnsGone(holder->second);
+    SLUICE_TRY(gone);
+    if (!*gone)
+      return Error::msg("address " + addr + " is already registered for another pod ('" + holder->first + "')", EEXIST);
+    SLUICE_TRY(reapStale(holder->first, holder->second, "address " + addr));
   }
   for (uint32_t i = 0; i < rec.addr_count; i++)
     SLUICE_TRY(programs_->podAddrs.update(rec.addrs[i], sluice_pod_addr_info{rec.netns_cookie}));
@@ -562,11 +643,16 @@ Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int pod
 
 Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   const Settings& settings = options_.settings;
-  // Redirection stops first: without its config the programs pass all.
   Status first;
   auto keep = [&first](Status s) {
     if (!s.ok() && first.ok()) first = s;
   };
+  // Istio's order: the pod's addresses leave the probe set first, then the
+  // redirection stops (without its config the programs pass all).
+  for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) {
+    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
+    if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
+  }
   keep(programs_->podConfig.erase(rec.netns_cookie));
 
   std::string path = fromFixed(rec.netns_path, sizeof(rec.netns_path));
@@ -608,11 +694,7 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   }
   if (!nsAlive) spdlog::info("pod {}: netns {} is gone; its attachments went with it", id, path);
 
-  // Node side: addresses (only ours), SNAT state, legacy filters.
-  for (uint32_t i = 0; i < rec.addr_count && i < SLUICE_MAX_POD_ADDRS; i++) {
-    auto owner = programs_->podAddrs.lookup(rec.addrs[i]);
-    if (owner && owner->netns_cookie == rec.netns_cookie) keep(programs_->podAddrs.erase(rec.addrs[i]));
-  }
+  // Node side: SNAT state, legacy filters.
   for (const auto* m : {&programs_->snatRev, &programs_->snatClosed})
     for (const auto& k : m->keys()) {
       auto v = m->lookup(k);
@@ -667,6 +749,96 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   // failed removal can be retried.
   if (first.ok()) keep(programs_->pods.erase(podKey(id)));
   return first;
+}
+
+Result<uint64_t> Datapath::addProxyProcess(pid_t pid) {
+  auto id = cgroupIdOfPid(pid);
+  SLUICE_TRY(id);
+  sluice_proxy_cgroup v{};
+  v.pid = static_cast<__u32>(pid);
+  v.since_ns = nowNs();
+  if (auto have = programs_->proxyCgroups.lookup(*id)) v.since_ns = have->since_ns;
+  Status st = programs_->proxyCgroups.update(*id, v);
+  if (!st.ok() && st.error().code == E2BIG && pruneProxyCgroups() > 0) st = programs_->proxyCgroups.update(*id, v);
+  if (!st.ok())
+    return Error::msg("record the node proxy's cgroup: " + st.error().message + " (at most " +
+                          std::to_string(SLUICE_PROXY_CGROUPS) + " live proxy cgroups)",
+                      st.error().code);
+  // The cgroup is in the set before the check turns on: the proxy's
+  // traffic never sees a moment where its mark does not count.
+  SLUICE_TRY(programs_->proxyIdentity.update(0, sluice_proxy_identity{1, 0}));
+  return *id;
+}
+
+size_t Datapath::pruneProxyCgroups() {
+  size_t gone = 0;
+  for (uint64_t id : programs_->proxyCgroups.keys()) {
+    auto exists = cgroupExists(id);
+    if (exists.ok() && !*exists && programs_->proxyCgroups.erase(id).ok()) {
+      spdlog::info("node proxy cgroup {} is gone; forgotten", id);
+      gone++;
+    }
+  }
+  return gone;
+}
+
+Status Datapath::clearProxyIdentity() {
+  SLUICE_TRY(programs_->proxyIdentity.update(0, sluice_proxy_identity{}));
+  for (uint64_t id : programs_->proxyCgroups.keys()) SLUICE_TRY(programs_->proxyCgroups.erase(id));
+  return {};
+}
+
+ProxyIdentity Datapath::proxyIdentity() {
+  ProxyIdentity out;
+  auto on = programs_->proxyIdentity.lookup(0);
+  out.cgroupCheck = on && on->cgroup_check;
+  for (uint64_t id : programs_->proxyCgroups.keys())
+    if (auto v = programs_->proxyCgroups.lookup(id)) out.cgroups.push_back({id, v->pid, v->since_ns});
+  return out;
+}
+
+Result<std::optional<ProxyIdentity>> readPinnedProxyIdentity(const std::string& root, uint32_t& mark, uint32_t& mask) {
+  auto open = [&](const char* name) { return Fd(bpf_obj_get((root + "/" + name).c_str())); };
+  Fd settings = open(SLUICE_PIN_SETTINGS), on = open(SLUICE_PIN_PROXY_IDENTITY), cgroups = open(SLUICE_PIN_PROXY_CGROUPS);
+  if (!settings.valid() || !on.valid() || !cgroups.valid()) {
+    if (errno == ENOENT) return std::optional<ProxyIdentity>();
+    return Error::fromErrno(errno, "read the pinned proxy identity under " + root);
+  }
+  __u32 zero = 0;
+  sluice_settings st{};
+  if (bpf_map_lookup_elem(settings.get(), &zero, &st) != 0) return Error::fromErrno(errno, "read pinned settings");
+  mark = st.proxy_mark;
+  mask = st.mark_mask;
+  ProxyIdentity out;
+  sluice_proxy_identity pi{};
+  if (bpf_map_lookup_elem(on.get(), &zero, &pi) == 0) out.cgroupCheck = pi.cgroup_check;
+  __u64 cur = 0, next = 0;
+  const __u64* prev = nullptr;
+  while (bpf_map_get_next_key(cgroups.get(), prev, &next) == 0) {
+    cur = next;
+    prev = &cur;
+    sluice_proxy_cgroup v{};
+    if (bpf_map_lookup_elem(cgroups.get(), &cur, &v) == 0) out.cgroups.push_back({cur, v.pid, v.since_ns});
+  }
+  return std::optional<ProxyIdentity>(out);
+}
+
+Status Datapath::setHandoff(const std::string& id, HandoffState state, const std::string& error) {
+  auto rec = programs_->pods.lookup(podKey(id));
+  if (!rec) return {};
+  recordHandoff(*rec, state, error);
+  // BPF_EXIST: a pod removed meanwhile is not brought back.
+  Status st = programs_->pods.update(podKey(id), *rec, BPF_EXIST);
+  if (!st.ok() && st.error().code == ENOENT) return {};
+  return st;
+}
+
+Status Datapath::reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held) {
+  spdlog::warn("reaping pod '{}': its netns {} is gone, and it still held {}", id,
+               fromFixed(rec.netns_path, sizeof(rec.netns_path)), held);
+  Status st = teardown(id, rec);
+  if (!st.ok()) return Error::msg("could not reap pod '" + id + "' whose netns is gone: " + st.error().message, st.error().code);
+  return {};
 }
 
 Status Datapath::removePod(const std::string& id) {

@@ -3,11 +3,15 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
+#include "loader/pod_types.h"
 #include "loader/programs.h"
 #include "loader/result.h"
 #include "loader/tc.h"
@@ -41,45 +45,34 @@ struct DatapathOptions {
   uint32_t snatEntries = SLUICE_SNAT_ENTRIES;
 };
 
-/// What `pod add` asks for.
-struct PodSpec {
-  std::string netnsPath;
-  std::string id;  ///< empty: defaultPodId(netnsPath)
-  bool dnsCapture = true;
-  bool inboundCapture = true;
-  std::vector<std::string> rerouteIfaces;
-  /// Node side (probe SNAT): the netns holding the pod's host-side
-  /// interface; "" is the caller's own netns. nullopt: no node side.
-  std::optional<std::string> nodeNetnsPath;
-  /// The pod's addresses for probe SNAT; empty: discovered in the pod netns
-  /// (every address of its non-loopback interfaces but IPv6 link-local).
-  std::vector<std::string> ips;
-  /// Attach mode for this pod; nullopt: the Datapath's (DatapathOptions).
-  std::optional<TcMode> tcMode;
+/// An enrollment step outside the data plane, run by Datapath::addPod once
+/// the pod's redirection is in place and before the node side (probe SNAT)
+/// is, as Istio's agent orders it: the hand-off of the pod to the node
+/// proxy. `apply` failing fails the enrollment and rolls everything back;
+/// `undo` runs when a later step fails after `apply` succeeded.
+struct EnrollHook {
+  std::function<Status(const PodInfo&)> apply;
+  std::function<void(const PodInfo&)> undo;
 };
 
-/// An enrolled pod as the registry records it.
-struct PodInfo {
-  std::string id;
-  std::string netnsPath;
-  uint64_t netnsCookie = 0;
-  std::string tcMode;  ///< "tcx" | "legacy"
-  bool dnsCapture = true;
-  bool inboundCapture = true;
-  std::vector<std::string> interfaces;     ///< attached (non-loopback)
-  std::vector<std::string> rerouteIfaces;  ///< by name
-  bool ipv6Routes = false;
-  uint64_t enrolledAtNs = 0;
-  std::string hostIface;           ///< node-side interface ("" if none)
-  std::string nodeNetnsPath;       ///< "" = the enrolling process's netns
-  std::vector<std::string> ips;    ///< registered for probe SNAT
+/// A cgroup (v2) of the node proxy, as proxy_cgroups records it.
+struct ProxyCgroup {
+  uint64_t id = 0;
+  uint32_t pid = 0;       ///< the proxy process seen in it
+  uint64_t sinceNs = 0;   ///< CLOCK_REALTIME when first seen
 };
 
-/// Counters summed over CPUs.
-struct PodCounters {
-  std::string id;
-  sluice_pod_stats stats{};
+/// How the programs tell the node proxy's traffic (rule 5): the mark alone,
+/// or the mark from one of the proxy's cgroups.
+struct ProxyIdentity {
+  bool cgroupCheck = false;
+  std::vector<ProxyCgroup> cgroups;
 };
+
+/// The proxy identity pinned under @p root, read from the pins without
+/// loading programs or taking the lock; nullopt when nothing is pinned.
+/// @p mark and @p mask get the pinned settings' proxy mark.
+Result<std::optional<ProxyIdentity>> readPinnedProxyIdentity(const std::string& root, uint32_t& mark, uint32_t& mask);
 
 /// What a look at one enrolled pod found (and, when repairing, did).
 struct PodCheck {
@@ -99,16 +92,6 @@ struct ReconcileReport {
   std::vector<std::string> errors;   ///< what could not be done, one line each
 };
 
-/// The pod id `pod add` uses when --id is not given: the netns file's name
-/// (/var/run/netns/NAME → NAME), or "pid-N" for /proc/N/ns/net.
-std::string defaultPodId(const std::string& netnsPath);
-
-/// Pod ids are 1-63 characters of [A-Za-z0-9._-].
-Status validatePodId(const std::string& id);
-
-/// "pod 'ID' is not enrolled" (ENOENT).
-Error notEnrolledError(const std::string& id);
-
 /// The refusal of a `pod add` whose settings differ from the enrolled
 /// pod's; names the settings in force (EEXIST).
 Error otherSettingsError(const PodInfo& enrolled);
@@ -123,10 +106,19 @@ class Datapath {
   /// them against the pinned ones.
   static Result<std::unique_ptr<Datapath>> open(const DatapathOptions& options);
 
-  /// Enrolls a pod netns. Idempotent for the same netns and settings; an
-  /// error when the id or netns is enrolled otherwise. A failure half way
-  /// rolls back everything it did.
-  Result<PodInfo> addPod(const PodSpec& spec);
+  /// Enrolls a pod netns. Idempotent for the same netns, settings and
+  /// identity; an error when the id or netns is enrolled otherwise. A pod
+  /// whose netns is gone does not block its id or addresses: it is removed
+  /// first (and a warning says so). Relative netns paths are refused. A
+  /// failure half way rolls back everything it did. With @p hook, its apply
+  /// runs after the redirection is in place (again for an enrolled pod: a
+  /// retried hand-off; failing then leaves the enrollment in place).
+  Result<PodInfo> addPod(const PodSpec& spec, const EnrollHook* hook = nullptr);
+
+  /// Records the outcome of a hand-off of pod @p id in the registry (no-op
+  /// for a pod not enrolled). Takes no lock: callers serialize it with the
+  /// pod's add and removal (the agent's datapath mutex).
+  Status setHandoff(const std::string& id, HandoffState state, const std::string& error = "");
 
   /// Undoes an enrollment: redirection stops first, then attachments,
   /// rules, routes, sysctls and map entries go. A pod whose netns is gone is
@@ -149,6 +141,17 @@ class Datapath {
   /// clsact), which is how a newer build takes over without a gap.
   ReconcileReport reconcile();
 
+  /// The node proxy runs as process @p pid (a ZDS peer): its cgroup v2
+  /// joins proxy_cgroups and the cgroup check turns on, so that the proxy
+  /// mark counts only from the proxy's cgroups. Returns the cgroup id.
+  /// Cgroups that are gone are forgotten first when the map is full.
+  Result<uint64_t> addProxyProcess(pid_t pid);
+  /// Forgets the proxy cgroups that no longer exist; returns how many.
+  size_t pruneProxyCgroups();
+  /// Back to the mark alone (an agent that hands no pod to a node proxy).
+  Status clearProxyIdentity();
+  ProxyIdentity proxyIdentity();
+
   /// Counters of one pod (id) or all.
   Result<std::vector<PodCounters>> stats(const std::optional<std::string>& id);
 
@@ -163,6 +166,9 @@ class Datapath {
   /// checkPod / reconcile of one pod, the lock held.
   PodCheck inspect(const std::string& id, const sluice_pod_record& rec, bool repair);
   Status teardown(const std::string& id, const sluice_pod_record& rec);
+  /// teardown of a pod whose netns is gone and that still holds something
+  /// a new enrollment needs (@p held: "its id", "address A"); says so.
+  Status reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held);
   /// Node side of addPod: finds the host-side veth in the node netns and
   /// attaches the probe SNAT programs; registers the pod's addresses.
   Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,

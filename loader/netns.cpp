@@ -137,4 +137,24 @@ Result<uint64_t> currentNetnsCookie() {
   return cookie;
 }
 
+Result<uint64_t> netnsCookie(int nsfd) {
+  uint64_t cookie = 0;
+  SLUICE_TRY(runInNetns(nsfd, [&]() -> Status {
+    auto c = currentNetnsCookie();
+    SLUICE_TRY(c);
+    cookie = *c;
+    return {};
+  }));
+  return cookie;
+}
+
+Result<Fd> openNetnsWithCookie(const std::string& path, uint64_t cookie) {
+  auto fd = openNetns(path);
+  SLUICE_TRY(fd);
+  auto have = netnsCookie(fd->get());
+  SLUICE_TRY(have);
+  if (*have != cookie) return Error::msg(path + " is another network namespace now", ENOENT);
+  return std::move(*fd);
+}
+
 }  // namespace sluice

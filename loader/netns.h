@@ -39,4 +39,12 @@ Status runInNetns(int nsfd, const std::function<Status()>& fn);
 /// kernels.
 Result<uint64_t> currentNetnsCookie();
 
+/// The cookie of the network namespace @p nsfd (enters it briefly).
+Result<uint64_t> netnsCookie(int nsfd);
+
+/// Opens the netns file at @p path and checks that it is still the
+/// namespace whose cookie is @p cookie (a path such as /proc/PID/ns/net can
+/// name another namespace once PID is gone): ENOENT when it is not.
+Result<Fd> openNetnsWithCookie(const std::string& path, uint64_t cookie);
+
 }  // namespace sluice

@@ -7,6 +7,7 @@
 #include <mutex>
 
 #include "host_tc.skel.h"
+#include "loader/migrate.h"
 #include "pod_tc.skel.h"
 #include "pod_tc_compat.skel.h"
 
@@ -56,7 +57,12 @@ void routeLibbpfLogging() {
 }
 
 template <typename Skel>
-Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
+Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*), const std::string& root) {
+  // Before libbpf reuses the pins: pins of other layouts would make it
+  // refuse them (or worse, a same-sized other layout would be misread).
+  auto migration = Migration::plan(root, skel->obj);
+  SLUICE_TRY(migration);
+  SLUICE_TRY(migration->prepare());
   if (int err = loadFn(skel); err != 0) {
     if (err == -EPERM || errno == EPERM)
       return Error::fromErrno(EPERM, "load BPF programs (needs root: CAP_BPF, CAP_NET_ADMIN)");
@@ -75,7 +81,10 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   SLUICE_TRY(bindMap(m.snat_rev, snatRev));
   SLUICE_TRY(bindMap(m.snat_closed, snatClosed));
   SLUICE_TRY(bindMap(m.pod_listeners, podListeners));
-  return {};
+  SLUICE_TRY(bindMap(m.layouts, layouts));
+  SLUICE_TRY(bindMap(m.proxy_identity, proxyIdentity));
+  SLUICE_TRY(bindMap(m.proxy_cgroups, proxyCgroups));
+  return migration->complete(*this);
 }
 
 Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, uint32_t snatEntries) {
@@ -94,12 +103,12 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, 
     p->skel_ = pod_tc__open_opts(&opts);
     if (!p->skel_) return Error::fromErrno(errno, "open BPF object pod_tc");
     bpf_map__set_max_entries(p->skel_->maps.snat_rev, snatEntries);
-    SLUICE_TRY(p->loadPod(p->skel_, pod_tc__load));
+    SLUICE_TRY(p->loadPod(p->skel_, pod_tc__load, root));
   } else {
     p->compat_ = pod_tc_compat__open_opts(&opts);
     if (!p->compat_) return Error::fromErrno(errno, "open BPF object pod_tc_compat");
     bpf_map__set_max_entries(p->compat_->maps.snat_rev, snatEntries);
-    SLUICE_TRY(p->loadPod(p->compat_, pod_tc_compat__load));
+    SLUICE_TRY(p->loadPod(p->compat_, pod_tc_compat__load, root));
   }
   // The node programs second: their maps are the pod programs' (pinned by
   // name under the same root, so libbpf reuses them).

@@ -26,9 +26,11 @@ class PodPrograms {
   /// (which must exist on bpffs). Call with the StateLock held. The kernel
   /// features are probed first (kernelFeatures()): a kernel below the
   /// minimum gets an error naming what it lacks, and the pod programs are
-  /// the variant of the report's pod-cookie method.
+  /// the variant of the report's pod-cookie method. Pins of older layouts
+  /// are migrated (loader/migrate.h); a layout this build cannot read is
+  /// an error and leaves the pins as they are.
   /// snatEntries: the capacity of snat_rev (probe SNAT connections); a
-  /// pinned map of another capacity is not reused (libbpf refuses it).
+  /// pinned map of another capacity is refused (Migration::plan names it).
   static Result<std::unique_ptr<PodPrograms>> load(const std::string& root, uint32_t snatEntries = SLUICE_SNAT_ENTRIES);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
@@ -51,12 +53,15 @@ class PodPrograms {
   BpfMap<sluice_snat_key, sluice_snat_value> snatRev;  ///< probe SNAT: one element per connection
   BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
   BpfMap<sluice_listener_key, __u64> podListeners;  ///< SOCKHASH: values are sockets
+  BpfMap<sluice_layout_key, sluice_layout_value> layouts;
+  BpfMap<__u32, sluice_proxy_identity> proxyIdentity;
+  BpfMap<__u64, sluice_proxy_cgroup> proxyCgroups;
 
  private:
   PodPrograms() = default;
   /// Loads the opened pod object (either variant) and binds its maps.
   template <typename Skel>
-  Status loadPod(Skel* skel, int (*loadFn)(Skel*));
+  Status loadPod(Skel* skel, int (*loadFn)(Skel*), const std::string& root);
 
   PodCookieMethod cookieMethod_ = PodCookieMethod::None;
   int egressFd_ = -1;  // owned by the skeleton

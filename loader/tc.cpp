@@ -69,22 +69,6 @@ bpf_tc_attach_point legacyPoint(TcHook hook) { return hook == TcHook::Ingress ? 
 
 }  // namespace
 
-Result<TcMode> parseTcMode(const std::string& s) {
-  if (s == "auto") return TcMode::Auto;
-  if (s == "tcx") return TcMode::Tcx;
-  if (s == "legacy") return TcMode::Legacy;
-  return Error::msg("invalid --tc-mode '" + s + "' (expected auto, tcx or legacy)", EINVAL);
-}
-
-const char* tcModeName(TcMode m) {
-  switch (m) {
-    case TcMode::Auto: return "auto";
-    case TcMode::Tcx: return "tcx";
-    case TcMode::Legacy: return "legacy";
-  }
-  return "?";
-}
-
 const char* tcHookName(TcHook h) { return h == TcHook::Ingress ? "ingress" : "egress"; }
 
 Error tcxAttachError(int err, TcHook hook, int ifindex) {

@@ -24,15 +24,12 @@
 #include <string>
 
 #include "loader/result.h"
+#include "loader/tc_mode.h"
 
 namespace sluice {
 
-enum class TcMode { Auto, Tcx, Legacy };
 enum class TcHook { Ingress, Egress };
 
-/// "auto" | "tcx" | "legacy".
-Result<TcMode> parseTcMode(const std::string& s);
-const char* tcModeName(TcMode m);
 const char* tcHookName(TcHook h);
 
 /// Attaches progFd at the front of the hook of ifindex (resolved in the

@@ -72,7 +72,7 @@ struct sluice_sock_verdict {
  * and listener searches). Only listeners bound to the wildcard address are
  * kept: for them the search's answer does not depend on the destination
  * (unless a listener bound to a specific address shares the port; the
- * proxy's contract has none, spec/redirection.md).
+ * proxy's contract has none, docs/redirection.md).
  * A listener leaves the map when it is closed; pod removal deletes the
  * pod's keys. The value is the socket (bpftool shows its cookie).
  */
@@ -83,6 +83,29 @@ struct sluice_listener_key {
 	__u8 pad[5];
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_key layout");
+
+/*
+ * The node proxy's identity beyond its mark (rule 5). Since Linux 5.17
+ * SO_MARK needs only CAP_NET_RAW, which runtimes grant to containers, so any
+ * app could set 0x539 and leave the mesh. The agent knows the node proxy's
+ * processes (the peers of its ZDS connections) and so their cgroups: once
+ * `proxy_identity` says so, a marked packet is the proxy's only when its
+ * socket belongs to one of the cgroups (v2 ids) in `proxy_cgroups`. Off (the
+ * entry zero): the mark alone decides, as in Istio.
+ */
+struct sluice_proxy_identity {
+	__u32 cgroup_check; /* 1: the mark counts only from proxy_cgroups */
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_identity) == 8, "sluice_proxy_identity layout");
+
+struct sluice_proxy_cgroup {
+	__u32 pid;    /* the node proxy process seen in it (ZDS peer) */
+	__u32 pad;
+	__u64 since_ns; /* CLOCK_REALTIME when it was first seen */
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgroup layout");
+#define SLUICE_PROXY_CGROUPS 16
 
 /* Pod flags (struct sluice_pod_config.flags). */
 #define SLUICE_POD_DNS_CAPTURE (1u << 0)
@@ -114,13 +137,53 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_listener_key) == 16, "sluice_listener_
 #define SLUICE_PIN_DNS_NAT "dns_nat"
 #define SLUICE_PIN_PODS "pods"
 #define SLUICE_PIN_POD_ADDRS "pod_addrs"
-/* Pins of earlier builds that the loader removes. snat_fwd: the forward
- * half of probe SNAT state, before one element per connection (issue 13). */
-#define SLUICE_PIN_OBSOLETE_SNAT_FWD "snat_fwd"
+/* Pins of earlier builds that a load removes once it has migrated them
+ * (loader/migrate.cpp). snat_fwd: the forward half of probe SNAT state,
+ * until snat_rev layout 2 kept one element per connection. */
+#define SLUICE_PIN_RETIRED_SNAT_FWD "snat_fwd"
 #define SLUICE_PIN_SNAT_REV "snat_rev"
 #define SLUICE_PIN_SNAT_CLOSED "snat_closed"
 #define SLUICE_PIN_POD_LISTENERS "pod_listeners"
 #define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
+#define SLUICE_PIN_LAYOUTS "layouts"
+#define SLUICE_PIN_PROXY_IDENTITY "proxy_identity"
+#define SLUICE_PIN_PROXY_CGROUPS "proxy_cgroups"
+
+/*
+ * Layout versions of the pinned maps. `layouts` (pinned hash: map name ->
+ * version) records the version of every map pinned under a root, so that a
+ * build with other layouts can tell: it migrates an older layout
+ * (loader/migrate.cpp) and refuses a layout it cannot read in one line,
+ * leaving the running data plane alone. State pinned by v0.1.0 has no
+ * `layouts`: all its maps are version 1. Bump a map's version with any change
+ * of its key, value, type, flags or capacity, and add the migration from the
+ * version before.
+ */
+#define SLUICE_LAYOUT_SETTINGS 1
+#define SLUICE_LAYOUT_POD_CONFIG 1
+#define SLUICE_LAYOUT_POD_STATS 1
+#define SLUICE_LAYOUT_DNS_NAT 1
+#define SLUICE_LAYOUT_SOCK_VERDICT 1
+#define SLUICE_LAYOUT_POD_LISTENERS 1
+#define SLUICE_LAYOUT_PODS 2 /* 2: identity and hand-off state */
+#define SLUICE_LAYOUT_POD_ADDRS 1
+#define SLUICE_LAYOUT_SNAT_REV 2 /* 2: one element per connection, with its FIN
+				  * flags (they were in snat_fwd, now retired) */
+#define SLUICE_LAYOUT_SNAT_CLOSED 1
+#define SLUICE_LAYOUT_LAYOUTS 1
+#define SLUICE_LAYOUT_PROXY_IDENTITY 1
+#define SLUICE_LAYOUT_PROXY_CGROUPS 1
+
+struct sluice_layout_key {
+	char name[16]; /* the map's name (= its pin name), NUL-padded */
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_layout_key) == 16, "sluice_layout_key layout");
+
+struct sluice_layout_value {
+	__u32 version;
+	__u32 pad;
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_layout_value) == 8, "sluice_layout_value layout");
 
 /*
  * Global settings, one entry (key 0) of the `settings` array map.
@@ -264,10 +327,44 @@ struct sluice_pod_id {
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_id) == 64, "sluice_pod_id layout");
 
 /*
+ * The pod's Kubernetes identity, as the runtime (CNI_ARGS), the API or the
+ * Kubernetes watch gave it: what the node proxy is told over ZDS, kept in the
+ * registry so that a restarted agent can send its snapshot. Empty strings
+ * when unknown (a pod enrolled by hand or by a build before identities).
+ */
+#define SLUICE_UID_LEN 48           /* metadata.uid: a UUID, 36 characters */
+#define SLUICE_K8S_NAME_LEN 256     /* DNS subdomain names: at most 253 */
+#define SLUICE_K8S_NAMESPACE_LEN 64 /* DNS labels: at most 63 */
+struct sluice_pod_identity {
+	char uid[SLUICE_UID_LEN];
+	char name[SLUICE_K8S_NAME_LEN];
+	char ns[SLUICE_K8S_NAMESPACE_LEN];
+	char service_account[SLUICE_K8S_NAME_LEN];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_identity) == 624, "sluice_pod_identity layout");
+
+/* The hand-off of the pod to the node proxy (ZDS AddWorkload and its ack). */
+enum sluice_handoff_state {
+	SLUICE_HANDOFF_NONE = 0,   /* not handed off (no node proxy connection configured) */
+	SLUICE_HANDOFF_ACKED = 1,  /* the node proxy acknowledged the pod */
+	SLUICE_HANDOFF_FAILED = 2, /* the last hand-off failed: see error */
+};
+#define SLUICE_HANDOFF_ERROR_LEN 128
+struct sluice_pod_handoff {
+	__u32 state; /* enum sluice_handoff_state */
+	__u32 pad;
+	__u64 at_ns; /* CLOCK_REALTIME of the last change */
+	char error[SLUICE_HANDOFF_ERROR_LEN];
+};
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_handoff) == 144, "sluice_pod_handoff layout");
+
+/*
  * The registry of enrolled pods (`pods` hash, keyed by the pod id string):
  * what `pod remove` needs to undo an enrollment, even from another process.
  * Not read by BPF; a map so that it lives and dies with the rest of the
  * pinned state and can be read with bpftool.
+ * Layout version 2 (SLUICE_LAYOUT_PODS): version 1 (v0.1.0) ended at addrs,
+ * without identity and handoff; loader/migrate.cpp converts it.
  */
 struct sluice_pod_record {
 	char netns_path[SLUICE_NETNS_PATH_LEN];
@@ -287,9 +384,12 @@ struct sluice_pod_record {
 	__u32 addr_count;
 	__u32 lo_created_clsact; /* legacy mode: we created lo's clsact qdisc */
 	struct sluice_pod_addr addrs[SLUICE_MAX_POD_ADDRS];
+	/* Since layout 2. */
+	struct sluice_pod_identity identity;
+	struct sluice_pod_handoff handoff;
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_record) ==
-			     192 + 24 + 16 + 256 + 104 + 192 + 8 + 32 + 8 + 160,
+			     192 + 24 + 16 + 256 + 104 + 192 + 8 + 32 + 8 + 160 + 624 + 144,
 		     "sluice_pod_record layout");
 
 #endif /* SLUICE_MAPS_H */

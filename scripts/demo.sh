@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The live demo: installs the Debian packages it needs, builds, and shows
-# sluice redirecting a pod's traffic to a ztunnel stand-in, without one
-# netfilter rule. Everything happens in its own network namespaces and
-# bpffs root, and is cleaned up on exit.
+# sluice as a node's agent: the pod is enrolled through sluiced, handed to a
+# ztunnel stand-in over ZDS (which opens its listeners inside the pod from
+# the netns fd it is handed, as ztunnel does), and its traffic redirected
+# there without one netfilter rule. Everything happens in its own network
+# namespaces and bpffs root, and is cleaned up on exit.
 #
 #  remote netns (10.251.0.2)   node netns (10.250.0.1)       pod netns (10.250.0.2)
 #  ┌──────────────┐  veth  ┌──────────────────────┐  veth  ┌─────────────────────────────┐
 #  │ client       ├────────┤ server :8080         ├────────┤ eth0  app :9090             │
-#  └──────────────┘        │ prober (kubelet)     │        │ sluice-standin :15001/6/8/53│
+#  └──────────────┘        │ prober (kubelet)     │        │ listeners :15001/6/8/53 of  │
+#                          │ sluiced ◀─ZDS─ sluice-standin --zds (node proxy) ──fd──▶ │
 #                          └──────────────────────┘        └─────────────────────────────┘
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,8 @@ POD="sluice-demo-pod-$$"
 REMOTE="sluice-demo-remote-$$"
 ROOT="/sys/fs/bpf/sluice-demo-$$"
 EVENTS="$(mktemp)"
-CTL=(./build/sluicectl --bpffs "$ROOT")
+RUN="$(mktemp -d)"
+CTL=(./build/sluicectl --bpffs "$ROOT" --socket "$RUN/agent.sock")
 PIDS=()
 PEER="python3 $(pwd)/scripts/demo_peer.py"
 
@@ -35,7 +39,7 @@ cleanup() {
   ip netns del "$NODE" 2>/dev/null || true
   ip netns del "$POD" 2>/dev/null || true
   ip netns del "$REMOTE" 2>/dev/null || true
-  rm -rf "$ROOT" "$EVENTS"
+  rm -rf "$ROOT" "$EVENTS" "$RUN"
   # A bpffs the demo mounted goes again (the kernel's maps.debug/progs.debug with it).
   if [ "$MOUNTED_BPFFS" = 1 ]; then umount /sys/fs/bpf 2>/dev/null || true; fi
 }
@@ -86,17 +90,31 @@ echo "    remote 10.251.0.2  <->  node 10.250.0.1 / 10.251.0.1  <->  pod 10.250.
 
 ip netns exec "$NODE" $PEER echo-server 10.250.0.1 8080 server & PIDS+=($!)
 ip netns exec "$POD" $PEER echo-server 0.0.0.0 9090 app & PIDS+=($!)
+step "the node agent: sluiced, serving ZDS on $RUN/ztunnel.sock"
+# nsenter --net keeps this machine's mounts (ip netns exec would give the
+# agent a private /sys, and its pins would die with it).
+nsenter --net="/var/run/netns/$NODE" ./build/sluiced --bpffs "$ROOT" --socket "$RUN/agent.sock" \
+  --metrics-address off --ztunnel-socket "$RUN/ztunnel.sock" 2>"$RUN/sluiced.log" & PIDS+=($!)
+for _ in $(seq 100); do [ -S "$RUN/agent.sock" ] && break; sleep 0.1; done
+echo "    $(grep -m1 'ZDS: waiting' "$RUN/sluiced.log" | sed 's/^.*\] //')"
+
+step "the node proxy: sluice-standin --zds (a ztunnel stand-in) connects and gets its snapshot"
 # Before Linux 6.6 the kernel cannot hand packets to SO_REUSEPORT listeners.
-STANDIN=(./build/sluice-standin --netns "/var/run/netns/$POD")
+STANDIN=(./build/sluice-standin --zds "$RUN/ztunnel.sock")
 if ! ./build/sluicectl status --json | python3 -c 'import json, sys; sys.exit(not json.load(sys.stdin)["reuseport_proxies"])'; then
   STANDIN+=(--no-reuseport)
 fi
-"${STANDIN[@]}" >"$EVENTS" & PIDS+=($!)
-sleep 0.5
+"${STANDIN[@]}" >"$EVENTS" 2>/dev/null & PIDS+=($!)
+for _ in $(seq 50); do grep -q '"event":"snapshot"' "$EVENTS" && break; sleep 0.1; done
+grep -m1 '"event":"snapshot"' "$EVENTS" | sed 's/^/    /'
 
-step "enroll the pod: sluicectl pod add"
-"${CTL[@]}" pod add --netns "/var/run/netns/$POD" --node-netns "/var/run/netns/$NODE" --id demo-pod
+step "enroll the pod through the agent: redirection, AddWorkload with the pod's netns, ack, probe SNAT"
+"${CTL[@]}" pod add --netns "/var/run/netns/$POD" --node-netns "/var/run/netns/$NODE" --id demo-pod \
+  --uid 6b0a3bd4-1c53-4d33-9a51-0d5a5f1c2e3d --pod-name demo --pod-namespace default --service-account demo
+grep -E '"event":"(add|proxy-started)"' "$EVENTS" | sed 's/^/    /'
 "${CTL[@]}" pod list
+"${CTL[@]}" status | grep -E '^(node proxy|ztunnel) '
+
 echo "    netfilter rules in the pod: $(ip netns exec "$POD" iptables-save 2>/dev/null | grep -c '^-A' || true)," \
   "on the node: $(ip netns exec "$NODE" iptables-save 2>/dev/null | grep -c '^-A' || true)"
 
@@ -127,8 +145,9 @@ step "inspect the maps with bpftool"
 echo "    bpftool map dump pinned $ROOT/pod_config"
 bpftool map dump pinned "$ROOT/pod_config" | head -20
 
-step "remove the pod: sluicectl pod remove; traffic flows directly again"
+step "remove the pod: probe SNAT and redirection out, DelWorkload; traffic flows directly again"
 "${CTL[@]}" pod remove --id demo-pod
+grep -E '"event":"(del|proxy-stopped)"' "$EVENTS" | sed 's/^/    /'
 ip netns exec "$POD" $PEER tcp-client 10.250.0.1 8080 "hello again"
 proxy_saw
 echo

@@ -14,6 +14,9 @@ VM=1
 if [ $# -gt 0 ] || [ "${SLUICE_VM:-1}" = 0 ]; then VM=0; fi
 ./scripts/install-deps.sh $([ "$VM" = 1 ] && echo --vm)
 ./scripts/build.sh
+# The oldest release the upgrade tests start from, built from this
+# repository's history (kept once built).
+./scripts/build-upgrade-base.sh build
 # Fresh nodes often have no bpffs at /sys/fs/bpf; the loader mounts it too,
 # but the bpf tests create their roots before any loader runs. A bpffs we
 # mounted is unmounted again at exit (with it go the kernel's own

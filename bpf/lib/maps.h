@@ -75,6 +75,34 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pods SEC(".maps");
 
+/* The node proxy's identity (maps/sluice_maps.h): whether a proxy-marked
+ * packet must also come from one of the proxy's cgroups, and those. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sluice_proxy_identity);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} proxy_identity SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, SLUICE_PROXY_CGROUPS);
+	__type(key, __u64);
+	__type(value, struct sluice_proxy_cgroup);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} proxy_cgroups SEC(".maps");
+
+/* Layout version of every pinned map (maps/sluice_maps.h, SLUICE_LAYOUT_*);
+ * written and read by user space only. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 64);
+	__type(key, struct sluice_layout_key);
+	__type(value, struct sluice_layout_value);
+	__uint(pinning, LIBBPF_PIN_BY_NAME);
+} layouts SEC(".maps");
+
 /* Node side: enrolled pods' addresses (Istio's probe ipset). */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -87,8 +115,8 @@ struct {
 
 /* Node side: probe SNAT state, one element per connection, keyed by the
  * tuple of its replies (bpf/host_tc.bpf.c). Bounded: LRU, which evicts a
- * connection whole. (snat_fwd, the forward half of earlier builds, is gone:
- * the loader removes its pin.) */
+ * connection whole. (snat_fwd, the forward half of layout 1, is gone: the
+ * loader migrates its flags and removes its pin.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, SLUICE_SNAT_ENTRIES);
@@ -120,6 +148,21 @@ static __always_inline const struct sluice_settings *settings_get(void)
 	if (!s || !s->outbound_port)
 		return 0;
 	return s;
+}
+
+/* Rule 5: is a packet carrying the proxy mark really the proxy's? With the
+ * proxy's identity known, only if its socket is in one of the proxy's
+ * cgroups (bpf_skb_cgroup_id: the cgroup v2 of skb->sk's full socket). */
+static __always_inline int proxy_marked_is_proxy(struct __sk_buff *skb)
+{
+	__u32 zero = 0;
+	const struct sluice_proxy_identity *id = bpf_map_lookup_elem(&proxy_identity, &zero);
+	__u64 cg;
+
+	if (!id || !id->cgroup_check)
+		return 1;
+	cg = bpf_skb_cgroup_id(skb);
+	return cg && bpf_map_lookup_elem(&proxy_cgroups, &cg) != 0;
 }
 
 #define SLUICE_COUNT(cookie, field)                                              \

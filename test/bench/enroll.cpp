@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstring>
 #include <fstream>
@@ -19,6 +21,8 @@
 
 #include "loader/netns.h"
 #include "loader/tc.h"
+#include "test/common/agent_process.h"
+#include "userspace/standin/node_proxy.h"
 
 namespace sluice::bench {
 
@@ -95,7 +99,9 @@ Result<std::unique_ptr<PodFarm>> PodFarm::create(int pods) {
       ::close(nsfd);
       int s = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
       Status s1 = ifUp(s, "lo");
-      if (s1.ok()) s1 = ifAddr(s, "eth0", 0x0ade0000u | static_cast<uint32_t>((i / 250) << 8 | (i % 250 + 1)), 0xffff0000u);
+      in_addr a{};
+      inet_pton(AF_INET, address(i).c_str(), &a);
+      if (s1.ok()) s1 = ifAddr(s, "eth0", ntohl(a.s_addr), 0xffff0000u);
       if (s1.ok()) s1 = ifUp(s, "eth0");
       ::close(s);
       if (!s1.ok()) st = Error::msg(path + ": " + s1.error().message);
@@ -105,6 +111,8 @@ Result<std::unique_ptr<PodFarm>> PodFarm::create(int pods) {
   SLUICE_TRY(st);
   return f;
 }
+
+std::string PodFarm::address(int i) { return "10.222." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1); }
 
 PodFarm::~PodFarm() {
   std::string del = "netns del " + node_ + "\n";
@@ -327,6 +335,108 @@ CliResult runCliBench(int pods) {
     res.removeMaxRssKb = std::max(res.removeMaxRssKb, r.maxRssKb);
   }
   return res;
+}
+
+// ---- sluice-cni -> sluiced -> ZDS ack ---------------------------------------------
+
+std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::string>& modes) {
+  using nlohmann::json;
+  std::vector<HandOffResult> out;
+  for (const auto& mode : modes) {
+    if (gStop) break;
+    HandOffResult res;
+    res.mode = mode;
+    auto fail = [&](const std::string& e) {
+      res.failures++;
+      if (res.firstError.empty()) res.firstError = e;
+    };
+    auto farm = PodFarm::create(pods);
+    if (!farm.ok()) {
+      fail(farm.error().message);
+      out.push_back(res);
+      continue;
+    }
+    sluice::test::TestBpffs bpffs;
+    TempDir tmp;
+    std::string zds = tmp.path() + "/zds.sock", sock = tmp.path() + "/agent.sock";
+    // The agent in the node netns (hostNetwork), as the DaemonSet runs it.
+    auto agent = sluice::test::AgentProcess::start(bpffs.root(), {"--ztunnel-socket", zds, "--log-level", "warn"}, sock,
+                                                   (*farm)->nodePath());
+    if (!agent.ok()) {
+      fail(agent.error().message);
+      out.push_back(res);
+      continue;
+    }
+    NodeProxyConfig npc = sluice::test::testNodeProxyConfig(zds);
+    auto proxy = NodeProxyStandIn::start(npc);
+    if (!proxy.ok() || !(*proxy)->waitForEvent("snapshot", "", 10s)) {
+      fail(proxy.ok() ? "the node proxy stand-in got no snapshot" : proxy.error().message);
+      out.push_back(res);
+      continue;
+    }
+    auto conf = [&](int i) {
+      json prev = {{"cniVersion", "1.0.0"},
+                   {"interfaces", {{{"name", "eth0"}, {"sandbox", (*farm)->path(i)}}}},
+                   {"ips", {{{"interface", 0}, {"address", PodFarm::address(i) + "/16"}}}}};
+      return json{{"cniVersion", "1.0.0"}, {"name", "bench"},   {"type", "sluice-cni"},
+                  {"agentSocket", sock},   {"tcMode", mode},    {"logLevel", "warn"},
+                  {"prevResult", prev}}
+          .dump();
+    };
+    auto env = [&](const char* cmd, int i) {
+      return std::vector<std::string>{"PATH=/usr/sbin:/usr/bin:/sbin:/bin", std::string("CNI_COMMAND=") + cmd,
+                                      "CNI_CONTAINERID=bench" + std::to_string(i), "CNI_NETNS=" + (*farm)->path(i),
+                                      "CNI_IFNAME=eth0", "CNI_PATH=/opt/cni/bin",
+                                      "CNI_ARGS=IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=pod-" +
+                                          std::to_string(i) + ";K8S_POD_UID=bench-uid-" + std::to_string(i)};
+    };
+    const std::string cniBin = sluice::test::builtBinary("sluice-cni");
+    std::vector<bool> added(static_cast<size_t>(pods), false);
+    for (int i = 0; i < pods && !gStop; i++) {
+      auto in = tmp.write("conf.json", conf(i));
+      if (!in.ok()) {
+        fail(in.error().message);
+        continue;
+      }
+      auto r = spawnWaitEnv({cniBin}, env("ADD", i), *in);
+      if (r.exitCode != 0) {
+        fail(r.describe("sluice-cni ADD"));
+        continue;
+      }
+      added[static_cast<size_t>(i)] = true;
+      res.addMs.push_back(r.seconds * 1000);
+      res.addMaxRssKb = std::max(res.addMaxRssKb, r.maxRssKb);
+    }
+    // What the adds did: every pod enrolled, acked and served by the proxy.
+    size_t acked = 0;
+    if (auto c = (*agent)->client(); c.ok())
+      if (auto l = c->listPods(); l.ok())
+        for (const auto& p : *l) acked += p.handoff == HandoffState::Acked;
+    size_t running = (*proxy)->runningPods().size();
+    res.checks.push_back(std::to_string(acked) + " pods enrolled with the hand-off acked, " + std::to_string(running) +
+                         " proxied by the stand-in");
+    bool addsOk = acked == res.addMs.size() && running == res.addMs.size();
+    for (int i = 0; i < pods; i++) {
+      if (!added[static_cast<size_t>(i)]) continue;
+      auto in = tmp.write("conf.json", conf(i));
+      auto r = spawnWaitEnv({cniBin}, env("DEL", i), in.ok() ? *in : "");
+      if (r.exitCode != 0) {
+        fail(r.describe("sluice-cni DEL"));
+        continue;
+      }
+      res.removeMs.push_back(r.seconds * 1000);
+    }
+    bool drained = false;
+    for (int t = 0; t < 200 && !drained; t++) {
+      drained = (*proxy)->runningPods().empty();
+      if (!drained) std::this_thread::sleep_for(10ms);
+    }
+    res.checks.push_back(std::string("after DEL: ") + (drained ? "no pod proxied" : "pods still proxied"));
+    res.verified = addsOk && drained && !res.addMs.empty();
+    (*proxy)->stop();
+    out.push_back(res);
+  }
+  return out;
 }
 
 // ---- Scale -----------------------------------------------------------------------

@@ -26,6 +26,10 @@ class PodFarm {
   int size() const { return static_cast<int>(pods_.size()); }
   const std::string& name(int i) const { return pods_[static_cast<size_t>(i)]; }
   std::string path(int i) const { return "/run/netns/" + name(i); }
+  /// The shared node netns holding the pods' host-side veths.
+  std::string nodePath() const { return "/run/netns/" + node_; }
+  /// Pod i's eth0 address.
+  static std::string address(int i);
 
  private:
   PodFarm() = default;
@@ -61,6 +65,21 @@ struct CliResult {
   std::string firstError;
 };
 CliResult runCliBench(int pods);
+
+/// Enrollment as a container runtime does it with the hand-off to the node
+/// proxy: the sluice-cni process (ADD, DEL) -> sluiced --ztunnel-socket ->
+/// AddWorkload and its ack from the node proxy stand-in, timed as whole
+/// processes. One agent and one stand-in per mode, pods in a PodFarm.
+struct HandOffResult {
+  std::string mode;  ///< the CNI config's tcMode: tcx / legacy
+  std::vector<double> addMs, removeMs;
+  long addMaxRssKb = 0;
+  uint64_t failures = 0;
+  std::string firstError;
+  std::vector<std::string> checks;
+  bool verified = false;
+};
+std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::string>& modes);
 
 struct MapMem {
   std::string name, type;

@@ -1,5 +1,5 @@
 // Istio's in-pod netfilter setup, the baseline: the rule files of
-// ../shared/bench/ applied with iptables-restore (nf_tables backend) or
+// test/bench/istio/ applied with iptables-restore (nf_tables backend) or
 // iptables-legacy-restore, plus its policy-route script, inside a pod
 // netns; and the reverse (rules and route removed), as Istio does when a
 // pod leaves the mesh.

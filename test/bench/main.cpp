@@ -73,7 +73,7 @@ no DNS). Needs root.
   --cases LIST          comma-separated subset of the cases
   --workloads LIST      subset of conn_out,conn_in,rr_out,rr_in,bulk_out,bulk_in,dns
   --phases LIST         subset of traffic,bpf,enroll,scale
-  --rules-dir DIR       Istio's rule files (<source>/../shared/bench)
+  --rules-dir DIR       Istio's rule files (<source>/test/bench/istio)
   --json PATH           write every figure as JSON
   --chart PATH          write an SVG chart of the rates and latencies
   --mss N               TCP_MAXSEG for every client connection (default: the
@@ -317,7 +317,7 @@ int parseArgs(int argc, char** argv, Config& c) {
     c.bpfDuration = 0.2;
     c.microRuns = 300;
   }
-  c.rulesDir = std::string(SLUICE_SOURCE_DIR) + "/../shared/bench";
+  c.rulesDir = std::string(SLUICE_SOURCE_DIR) + "/test/bench/istio";
   c.workloads = kWorkloads;
   c.phases = kPhases;
   c.cases.assign(std::begin(kAllCases), std::end(kAllCases));
@@ -569,6 +569,14 @@ int main(int argc, char** argv) {
       std::cerr << "sluicectl: " << c.cliPods << " pods\n";
       res.cli = runCliBench(c.cliPods);
       settle("sluicectl");
+    }
+    std::vector<std::string> modes;
+    if (c.hasCase(CaseKind::SluiceTcx)) modes.push_back("tcx");
+    if (c.hasCase(CaseKind::SluiceLegacy)) modes.push_back("legacy");
+    if (!modes.empty() && !gStop) {
+      std::cerr << "sluice-cni -> agent -> ZDS ack: " << c.enrollPods << " pods per mode\n";
+      res.handoff = runHandOffBench(c.enrollPods, modes);
+      settle("hand-off");
     }
   }
   if (gStop) res.errors.push_back("interrupted");

@@ -95,6 +95,7 @@ struct Results {
   std::map<CaseKind, std::vector<MicroSample>> micro;
   std::optional<EnrollResult> enroll;
   std::optional<CliResult> cli;
+  std::vector<HandOffResult> handoff;  ///< sluice-cni -> agent -> ZDS ack, per mode
   std::optional<ScaleResult> scale;
   std::vector<Target> targets;
   std::vector<std::string> errors;  ///< phase-level failures

@@ -100,6 +100,13 @@ std::string ProcResult::describe(const std::string& what) const {
 
 ProcResult spawnWait(const std::vector<std::string>& argv, const std::string& stdinPath,
                      std::chrono::milliseconds timeout) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; e++) env.emplace_back(*e);
+  return spawnWaitEnv(argv, env, stdinPath, timeout);
+}
+
+ProcResult spawnWaitEnv(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                        const std::string& stdinPath, std::chrono::milliseconds timeout) {
   ProcResult r;
   if (argv.empty()) return r;
   int p[2];
@@ -117,7 +124,10 @@ ProcResult spawnWait(const std::vector<std::string>& argv, const std::string& st
   args.push_back(nullptr);
   pid_t pid = -1;
   auto t0 = Clock::now();
-  int rc = ::posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+  std::vector<char*> envp;
+  for (const auto& e : env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  int rc = ::posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), envp.data());
   posix_spawn_file_actions_destroy(&fa);
   ::close(p[1]);
   if (rc != 0) {

@@ -54,6 +54,9 @@ struct ProcResult {
 /// namespaces: call it inside runInNetns to run a command in a pod.
 ProcResult spawnWait(const std::vector<std::string>& argv, const std::string& stdinPath = {},
                      std::chrono::milliseconds timeout = 60s);
+/// The same with exactly @p env as the child's environment ("K=V" each).
+ProcResult spawnWaitEnv(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+                        const std::string& stdinPath = {}, std::chrono::milliseconds timeout = 60s);
 
 /// "sluice-bench-<pid>-<n>": names of the namespaces this process makes
 /// (swept by later runs once the pid is gone).

@@ -295,6 +295,8 @@ Status Sandbox::resetMaps() {
   for (const auto& k : p.podAddrs.keys()) SLUICE_TRY(p.podAddrs.erase(k));
   for (const auto& k : p.snatRev.keys()) SLUICE_TRY(p.snatRev.erase(k));
   for (const auto& k : p.snatClosed.keys()) SLUICE_TRY(p.snatClosed.erase(k));
+  SLUICE_TRY(p.proxyIdentity.update(0, sluice_proxy_identity{}));
+  for (const auto& k : p.proxyCgroups.keys()) SLUICE_TRY(p.proxyCgroups.erase(k));
   if (!p.podConfig.keys().empty() || !p.podStats.keys().empty() || !p.dnsNat.keys().empty() ||
       !p.podAddrs.keys().empty() || !p.snatRev.keys().empty() ||
       !p.snatClosed.keys().empty())

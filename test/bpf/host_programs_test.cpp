@@ -1,5 +1,5 @@
 // The node programs (bpf/host_tc.bpf.c): kubelet probe SNAT, spec rules 10
-// and 11 (shared/spec/redirection.md, "On the node").
+// and 11 (docs/redirection.md, "On the node").
 //
 // Two ways in:
 //

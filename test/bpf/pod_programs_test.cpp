@@ -1,6 +1,6 @@
 // The pod programs (bpf/pod_tc.bpf.c) through BPF_PROG_TEST_RUN, one table
 // per program, IPv4 and IPv6 for every row that applies: each spec rule
-// (shared/spec/redirection.md, rules 1-9) with its match and its near-miss.
+// (docs/redirection.md, rules 1-9) with its match and its near-miss.
 //
 // What test-run can and cannot show:
 // - bpf_redirect() only records the target: the run returns
@@ -18,6 +18,9 @@
 //   CHECKSUM_PARTIAL skbs, i.e. a real pod's egress over a veth with
 //   checksum offload, which only the netns tests see.
 #include <gtest/gtest.h>
+#include <unistd.h>
+
+#include "loader/cgroup.h"
 #include <netinet/in.h>
 
 #include <string>
@@ -501,6 +504,38 @@ TEST_F(SandboxTest, DnsUdpQueryThenAnswerRoundTrip) {
     EXPECT_TRUE(pa.checksumsOk()) << pa.describe();
   }
   EXPECT_EQ(describeCounters(sb().counters().value_or(sluice_pod_stats{})), "dns_answers=2");
+}
+
+// Rule 5 with the proxy's identity (issue 12): once the check is on, the
+// proxy mark exempts a packet only when its socket's cgroup is one of the
+// proxy's. (BPF_PROG_TEST_RUN's packet socket is made by the test process,
+// so its cgroup is the test process's.)
+TEST_F(SandboxTest, ProxyMarkCountsOnlyFromTheProxysCgroups) {
+  ASSERT_TRUE(sb().writeSettings().ok());
+  ASSERT_TRUE(sb().enroll({}).ok());
+  auto self = cgroupIdOfPid(::getpid());
+  ASSERT_TRUE(self.ok()) << self.error().message;
+  PodPrograms& p = sb().programs();
+  for (const Family* fp : kFamilies) {
+    const Family& f = *fp;
+    SCOPED_TRACE(f.tag);
+    auto syn = Packet::tcp(f.pod, kApp, f.remote, 80).bytes();
+    auto verdict = [&]() {
+      auto r = sb().run(Prog::Egress, syn, SLUICE_DEFAULT_PROXY_MARK);
+      EXPECT_TRUE(r.ok()) << r.error().message;
+      return r.ok() ? verdictName(r->verdict) : "";
+    };
+    ASSERT_TRUE(p.proxyIdentity.update(0, sluice_proxy_identity{}).ok());
+    EXPECT_EQ(verdict(), "TC_ACT_OK") << "check off: the mark alone exempts (Istio)";
+    ASSERT_TRUE(p.proxyIdentity.update(0, sluice_proxy_identity{1, 0}).ok());
+    EXPECT_EQ(verdict(), "TC_ACT_REDIRECT") << "check on, no proxy cgroup: a marked SYN is an app's";
+    ASSERT_TRUE(p.proxyCgroups.update(*self + 1000000, sluice_proxy_cgroup{1, 0, 0}).ok());
+    EXPECT_EQ(verdict(), "TC_ACT_REDIRECT") << "another cgroup's mark does not count";
+    ASSERT_TRUE(p.proxyCgroups.update(*self, sluice_proxy_cgroup{1, 0, 0}).ok());
+    EXPECT_EQ(verdict(), "TC_ACT_OK") << "the proxy's cgroup with the mark is exempt";
+    ASSERT_TRUE(p.proxyCgroups.erase(*self).ok());
+    ASSERT_TRUE(p.proxyCgroups.erase(*self + 1000000).ok());
+  }
 }
 
 // Rule 2 end to end: SYN captured, SYN|ACK restored, the app's next segment

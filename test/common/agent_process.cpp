@@ -1,8 +1,11 @@
 #include "test/common/agent_process.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +27,8 @@ std::string uniqueTmp(const std::string& what) {
   return "/tmp/sluice-t-" + what + "-" + std::to_string(::getpid()) + "-" + std::to_string(n++);
 }
 
+}  // namespace
+
 Result<pid_t> spawnWithLog(const std::vector<std::string>& argv, const std::string& logPath) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
@@ -40,7 +45,6 @@ Result<pid_t> spawnWithLog(const std::vector<std::string>& argv, const std::stri
   return pid;
 }
 
-// Waits for pid up to timeout; the exit code, or -1 on timeout.
 int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   for (;;) {
@@ -53,6 +57,8 @@ int waitExit(pid_t pid, std::chrono::milliseconds timeout) {
   }
 }
 
+namespace {
+
 std::string readFile(const std::string& path) {
   std::ifstream f(path);
   std::stringstream s;
@@ -63,14 +69,18 @@ std::string readFile(const std::string& path) {
 }  // namespace
 
 Result<std::unique_ptr<AgentProcess>> AgentProcess::start(const std::string& bpffsRoot, std::vector<std::string> extra,
-                                                          std::string socket, const std::string& netnsPath) {
+                                                          std::string socket, const std::string& netnsPath,
+                                                          const std::string& binary,
+                                                          const std::vector<std::string>& wrapper) {
   std::unique_ptr<AgentProcess> p(new AgentProcess());
   p->ownsSocketName_ = socket.empty();
   p->socket_ = socket.empty() ? uniqueTmp("agent") + ".sock" : socket;
   p->logPath_ = uniqueTmp("agent") + ".log";
-  std::vector<std::string> argv;
-  if (!netnsPath.empty()) argv = {"/usr/bin/nsenter", "--net=" + netnsPath, "--"};  // execs: same pid
-  for (const std::string& a : {builtBinary("sluiced"), std::string("--bpffs"), bpffsRoot, std::string("--socket"),
+  std::vector<std::string> argv = wrapper;
+  if (!netnsPath.empty())
+    for (const std::string& a : {std::string("/usr/bin/nsenter"), "--net=" + netnsPath, std::string("--")})
+      argv.push_back(a);  // execs: same pid
+  for (const std::string& a : {binary.empty() ? builtBinary("sluiced") : binary, std::string("--bpffs"), bpffsRoot, std::string("--socket"),
                                p->socket_, std::string("--metrics-address"), std::string("off"),
                                std::string("--reconcile-interval"), std::string("0"), std::string("--log-level"),
                                std::string("debug")})
@@ -116,14 +126,29 @@ int AgentProcess::stop(int sig, std::chrono::milliseconds timeout) {
 
 std::string AgentProcess::log() const { return readFile(logPath_); }
 
-AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+uint16_t freeLoopbackPort() {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 ||
+      ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return 0;
+  return ntohs(a.sin_port);
+}
+
+AgentRun runAgentExpectingExit(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                                const std::vector<std::string>& wrapper) {
   AgentRun r;
   std::string logPath = uniqueTmp("agent-run") + ".log";
-  std::vector<std::string> argv = {builtBinary("sluiced")};
+  std::vector<std::string> argv = wrapper;
+  argv.push_back(builtBinary("sluiced"));
   argv.insert(argv.end(), args.begin(), args.end());
   auto pid = spawnWithLog(argv, logPath);
   if (!pid.ok()) {
     r.log = pid.error().message;
+    ::unlink(logPath.c_str());  // the child may have opened it before its exec failed
     return r;
   }
   r.exitCode = waitExit(*pid, timeout);

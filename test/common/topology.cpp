@@ -150,6 +150,10 @@ Subprocess::~Subprocess() {
   }
 }
 
+void Subprocess::signal(int sig) {
+  if (pid_ > 0) ::kill(pid_, sig);
+}
+
 CommandResult Subprocess::wait(std::chrono::milliseconds timeout) {
   CommandResult r;
   if (pid_ <= 0) return r;
@@ -850,11 +854,11 @@ Status PodHarness::open() {
   return {};
 }
 
-Result<PodInfo> PodHarness::enroll(PodSpec spec) {
+Result<PodInfo> PodHarness::enroll(PodSpec spec, const EnrollHook* hook) {
   SLUICE_TRY(open());
   if (spec.netnsPath.empty()) spec.netnsPath = pod().path();
   if (spec.id.empty()) spec.id = pod().name();
-  auto info = dp_->addPod(spec);
+  auto info = dp_->addPod(spec, hook);
   SLUICE_TRY(info);
   podId_ = spec.id;
   enrolled_ = true;
@@ -937,6 +941,47 @@ StandInConfig testStandInConfig() {
   StandInConfig c;
   c.reuseport = kernelAssignsReuseport();
   return c;
+}
+
+NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
+  NodeProxyConfig c;
+  c.zdsPath = zdsPath;
+  c.proxy.reuseport = kernelAssignsReuseport();
+  c.retryInterval = std::chrono::milliseconds(200);
+  c.initialBackoff = std::chrono::milliseconds(5);
+  c.maxBackoff = std::chrono::milliseconds(50);
+  return c;
+}
+
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (cond()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return cond();
+}
+
+Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout) {
+  auto c = tcpConnect(ns, dst, ConnectOptions{timeout});
+  SLUICE_TRY(c);
+  auto e = echoRoundTrip(c->get(), "x", timeout);
+  SLUICE_TRY(e);
+  if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
+  return {};
+}
+
+std::string httpGetLoopback(uint16_t port, const std::string& path) {
+  Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(port);
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "connect failed";
+  std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
+  if (::send(s.get(), req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return "send failed";
+  auto body = readSome(s.get(), 1 << 20);
+  return body.ok() ? *body : body.error().message;
 }
 
 }  // namespace sluice::test

@@ -36,6 +36,7 @@
 #include "loader/fd.h"
 #include "loader/result.h"
 #include "loader/tc.h"
+#include "userspace/standin/node_proxy.h"
 #include "userspace/standin/standin.h"
 
 namespace sluice::test {
@@ -67,6 +68,11 @@ class Subprocess {
   /// Collects the output and waits for the exit; past the timeout the child
   /// is killed and the result says timedOut.
   CommandResult wait(std::chrono::milliseconds timeout = 30s);
+
+  /// The child's pid (-1 once it was reaped).
+  pid_t pid() const { return pid_; }
+  /// Sends @p sig to the child (while it runs).
+  void signal(int sig);
 
  private:
   Subprocess() = default;
@@ -197,6 +203,19 @@ Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chron
 
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
+
+/// Polls @p cond every 5 ms until it holds (true) or @p timeout passes
+/// (false, after one last look).
+bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 10s);
+
+/// One short connection from inside @p ns to @p dst: connect, a 1-byte
+/// echo, close. Fails with what went wrong (the connection loops of the
+/// restart and upgrade tests count these).
+Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout = 3s);
+
+/// An HTTP/1.0 GET of @p path from 127.0.0.1:@p port (in the caller's
+/// netns): the whole answer (status line, headers, body), or what failed.
+std::string httpGetLoopback(uint16_t port, const std::string& path);
 
 /// Local / remote address of a socket.
 Endpoint localOf(int fd);
@@ -374,7 +393,7 @@ class PodHarness {
 
   /// Enrolls the pod netns; @p spec's netnsPath and id are filled in when
   /// empty (the id defaults to the pod netns' name).
-  Result<PodInfo> enroll(PodSpec spec = {});
+  Result<PodInfo> enroll(PodSpec spec = {}, const EnrollHook* hook = nullptr);
   /// Removes the pod enrolled by enroll().
   Status unenroll();
   const std::string& podId() const { return podId_; }
@@ -428,6 +447,12 @@ bool kernelAssignsReuseport();
 /// assign such sockets: what every test whose stand-in receives redirected
 /// traffic starts from.
 StandInConfig testStandInConfig();
+
+/// The node proxy stand-in connecting to @p zdsPath with ztunnel's per-pod
+/// socket choices, SO_REUSEPORT only where the kernel can assign such
+/// sockets (as testStandInConfig()), and short retry / reconnect intervals
+/// (200 ms, 5..50 ms) so tests do not wait for the real 5 s / 15 s.
+NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath);
 
 /// "ipv4" / "ipv6", for test names.
 inline const char* familyName(int family) { return family == AF_INET ? "ipv4" : "ipv6"; }

@@ -144,14 +144,7 @@ class Agent : public ::testing::TestWithParam<TcMode> {
 
   // One outbound connection through the redirect: connect, 1-byte echo,
   // close. Fails with what went wrong.
-  Status oneConnection(const Endpoint& server) {
-    auto c = tcpConnect(topo_.pod(), server, ConnectOptions{std::chrono::seconds(3)});
-    SLUICE_TRY(c);
-    auto e = echoRoundTrip(c->get(), "x", std::chrono::seconds(3));
-    SLUICE_TRY(e);
-    if (*e != "x") return Error::msg("echo returned '" + *e + "'", EIO);
-    return {};
-  }
+  Status oneConnection(const Endpoint& server) { return connectAndEcho(topo_.pod(), server); }
 
   TestBpffs bpffs_;
   PodTopology topo_;
@@ -500,18 +493,8 @@ TEST_P(AgentApi, SluicectlUsesTheAgent) {
 
 // Prometheus metrics over HTTP on loopback.
 TEST_P(AgentApi, MetricsAreServedOnLoopback) {
-  // A free port: bind 0, read it, close (the agent binds it right after).
-  uint16_t port = 0;
-  {
-    Fd s(::socket(AF_INET, SOCK_STREAM, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    socklen_t len = sizeof(a);
-    ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len);
-    port = ntohs(a.sin_port);
-  }
+  uint16_t port = freeLoopbackPort();
+  ASSERT_NE(port, 0);
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok());
   startAgent({"--metrics-address", "127.0.0.1:" + std::to_string(port)});
@@ -521,18 +504,7 @@ TEST_P(AgentApi, MetricsAreServedOnLoopback) {
   (void)client().listPods();
   (void)client().roundTrip("garbage");
 
-  auto get = [&](const std::string& path) -> std::string {
-    Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(port);
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "connect failed";
-    std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
-    if (::send(s.get(), req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return "send failed";
-    auto body = readSome(s.get(), 1 << 20);
-    return body.ok() ? *body : body.error().message;
-  };
+  auto get = [&](const std::string& path) { return httpGetLoopback(port, path); };
   std::string page = get("/metrics");
   EXPECT_NE(page.find("HTTP/1.1 200 OK"), std::string::npos) << page;
   EXPECT_NE(page.find("text/plain; version=0.0.4"), std::string::npos);

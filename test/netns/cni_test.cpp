@@ -33,7 +33,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <atomic>
+#include <climits>
+#include <iostream>
 #include <cstring>
 #include <filesystem>
 #include <string>
@@ -41,11 +44,14 @@
 #include <vector>
 
 #include "loader/datapath.h"
-#include "test/common/tempdir.h"
 #include "test/common/agent_process.h"
+#include "test/common/cni_conf.h"
+#include "test/common/tempdir.h"
 #include "test/common/topology.h"
+#include "test/common/zds_peers.h"
 #include "userspace/agent/client.h"
 #include "userspace/cni/cni.h"
+#include "userspace/standin/node_proxy.h"
 
 namespace sluice::test {
 namespace {
@@ -106,6 +112,9 @@ class CniRuntime {
 
   std::string cniPath() const { return binDir_ + ":" + kSystemCniDir; }
 
+  /// The runtime's working directory for the plugins ("": the test's).
+  std::string cwd;
+
   /// The plugin binary of @p type, looked up in CNI_PATH order.
   std::string pluginPath(const std::string& type) const {
     for (const auto& dir : {binDir_, std::string(kSystemCniDir)})
@@ -129,7 +138,8 @@ class CniRuntime {
     add("CNI_IFNAME", p.ifname);
     add("CNI_ARGS", p.args);
     add("CNI_PATH", cniPath());
-    auto r = sh("nsenter --net=" + shellQuote(node_.path()) + " env -i " + env + " " + shellQuote(binary) + " < " +
+    std::string cd = cwd.empty() ? "" : "cd " + shellQuote(cwd) + " && ";
+    auto r = sh(cd + "nsenter --net=" + shellQuote(node_.path()) + " env -i " + env + " " + shellQuote(binary) + " < " +
                 shellQuote(in));
     ::unlink(in.c_str());
     return r;
@@ -243,25 +253,10 @@ class Cni : public ::testing::Test {
   /// The primary conflist (bridge + host-local), then `sluice-cni install`
   /// into it, the way the DaemonSet's init container does.
   void installConflist(const json& sluiceOptions = json::object()) {
-    json list = {{"cniVersion", "1.0.0"},
-                 {"name", network_},
-                 {"plugins",
-                  {{{"type", "bridge"},
-                    {"bridge", bridge_},
-                    {"isGateway", true},
-                    {"isDefaultGateway", true},
-                    {"ipMasq", false},
-                    {"ipam",
-                     {{"type", "host-local"},
-                      {"dataDir", work_.file("ipam")},
-                      {"ranges", {{{{"subnet", subnetPrefix_ + "0/24"}}}}}}}}}}};
-    ASSERT_TRUE(writeTextFile(work_.file("net.d/10-test.conflist"), list.dump(2)));
-    auto r = runCommand({builtBinary("sluice-cni"), "install", "--cni-conf-dir", work_.file("net.d"), "--cni-bin-dir",
-                         work_.file("bin"), "--agent-socket", socket()});
-    ASSERT_EQ(r.exitCode, 0) << r.describe();
-    list_ = json::parse(readTextFile(work_.file("net.d/10-test.conflist")));
-    ASSERT_EQ(list_["plugins"].size(), 2u) << list_;
-    ASSERT_EQ(list_["plugins"][1]["type"], "sluice-cni") << list_;
+    auto installed = installBridgeConflist({work_.file("net.d"), work_.file("bin"), "10-test.conflist", network_, bridge_,
+                                            subnetPrefix_, work_.file("ipam"), socket()});
+    ASSERT_TRUE(installed.ok()) << installed.error().message;
+    list_ = *installed;
     for (const auto& [k, v] : sluiceOptions.items()) list_["plugins"][1][k] = v;
   }
 
@@ -269,10 +264,29 @@ class Cni : public ::testing::Test {
   std::string podIp() const { return subnetPrefix_ + "2"; }
   std::string gatewayIp() const { return subnetPrefix_ + "1"; }
 
-  void startAgent() {
-    auto a = AgentProcess::start(bpffs_.root(), {}, socket(), node_.path());
+  void startAgent(const std::vector<std::string>& extra = {}) {
+    auto a = AgentProcess::start(bpffs_.root(), extra, socket(), node_.path());
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
+  }
+
+  // ---- with the hand-off to a node proxy (ZDS) ----
+
+  std::string zdsPath() const { return work_.file("zds.sock"); }
+  /// The agent with --ztunnel-socket (deadlines of 1 s).
+  void startHandOffAgent() { startAgent({"--ztunnel-socket", zdsPath(), "--ztunnel-timeout-ms", "1000"}); }
+  /// One node proxy serving every pod, as ztunnel does.
+  std::unique_ptr<NodeProxyStandIn> startNodeProxy() {
+    auto p = NodeProxyStandIn::start(testNodeProxyConfig(zdsPath()));
+    EXPECT_TRUE(p.ok()) << p.error().message;
+    if (!p.ok()) return nullptr;
+    EXPECT_TRUE((*p)->waitForEvent("snapshot", "", 5s)) << agent_->log();
+    return std::move(*p);
+  }
+  /// CNI_ARGS as containerd passes them, with the pod's uid.
+  static std::string cniArgs(const std::string& name, const std::string& uid) {
+    return "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=" + name + ";K8S_POD_INFRA_CONTAINER_ID=" +
+           std::string(64, 'a') + ";K8S_POD_UID=" + uid;
   }
 
   agent::Client client() {
@@ -445,6 +459,201 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
 INSTANTIATE_TEST_SUITE_P(All, CniMode, ::testing::Values("tcx", "legacy"),
                          [](const auto& info) { return info.param; });
 
+// ---- the hand-off to the node proxy (ZDS), through CNI_ARGS ----
+
+// No node proxy connected: ADD fails with CNI code 11 (try again later, the
+// runtime retries the sandbox) and leaves nothing of the pod in sluice.
+TEST_F(Cni, AddWithoutANodeProxyIsTryAgainLaterAndLeavesNothing) {
+  startHandOffAgent();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  params_.args = cniArgs("web-0", "uid-try-" + std::to_string(::getpid()));
+  auto add = rt.add(list_, params_);
+  ASSERT_FALSE(add.ok) << add.describe();
+  ASSERT_EQ(add.runs.back().type, "sluice-cni");
+  expectCniError(add.runs.back().result, cni::kCniTryAgainLater, "no ztunnel connection");
+  expectNoPodState();
+  // The runtime cleans up the failed sandbox (DEL in reverse order).
+  auto del = rt.checkOrDel(list_, params_, "DEL", json());
+  EXPECT_TRUE(del.ok) << del.describe();
+}
+
+// The node proxy refuses the pod (15001 already bound in it by an app):
+// ADD fails retryably with its reason, nothing of it is left.
+TEST_F(Cni, RefusedHandOffIsTryAgainLaterAndLeavesNothing) {
+  startHandOffAgent();
+  auto proxy = startNodeProxy();
+  ASSERT_TRUE(proxy);
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  params_.args = cniArgs("web-0", "uid-refused-" + std::to_string(::getpid()));
+  auto add = rt.add(list_, params_);
+  ASSERT_TRUE(add.ok) << "first a pod that works: " << add.describe();
+  ASSERT_TRUE(rt.checkOrDel(list_, params_, "DEL", add.result).ok);
+  // The sandbox again, now with the port taken.
+  Fd app;
+  ASSERT_TRUE(pod_.run([&]() -> Status {
+                    app = Fd(::socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0));
+                    sockaddr_in6 a{};
+                    a.sin6_family = AF_INET6;
+                    a.sin6_port = htons(15001);
+                    if (::bind(app.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0 || ::listen(app.get(), 1) != 0)
+                      return Error::fromErrno(errno, "bind 15001");
+                    return {};
+                  })
+                  .ok());
+  add = rt.add(list_, params_);
+  ASSERT_FALSE(add.ok) << add.describe();
+  expectCniError(add.runs.back().result, cni::kCniTryAgainLater, "failure to start proxy");
+  expectNoPodState();
+  ASSERT_TRUE(rt.checkOrDel(list_, params_, "DEL", json()).ok);
+}
+
+// With the hand-off on, a runtime that passes no K8S_POD_UID gets a clear
+// refusal (not retryable: retrying cannot add a uid).
+TEST_F(Cni, AddWithoutAUidIsRefusedWhenHandingOff) {
+  startHandOffAgent();
+  auto proxy = startNodeProxy();
+  ASSERT_TRUE(proxy);
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  params_.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=default;K8S_POD_NAME=web-0";
+  auto add = rt.add(list_, params_);
+  ASSERT_FALSE(add.ok);
+  expectCniError(add.runs.back().result, cni::kCniAgentFailed, "pod has no uid");
+  expectNoPodState();
+  ASSERT_TRUE(rt.checkOrDel(list_, params_, "DEL", json()).ok);
+}
+
+// A node, modelled: one agent, one node proxy serving every pod over ZDS,
+// pods made by the real bridge + host-local plugins and enrolled by
+// sluice-cni with the runtime's CNI_ARGS. Every pod's traffic reaches the
+// listeners the node proxy opened from the fd it was handed; the node
+// proxy's replacement, the agent's kill -9 and pod churn lose nothing.
+TEST_F(Cni, NodeModelOneNodeProxyServesEveryPod) {
+  if (std::string why = tcModeUnsupported(TcMode::Tcx); !why.empty())
+    std::cout << "(" << why << ": the agent attaches with clsact)\n";
+  startHandOffAgent();
+  auto proxy = startNodeProxy();
+  ASSERT_TRUE(proxy);
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  std::unique_ptr<TcpServer> server;  // on the bridge's gateway address, once the bridge exists
+  Endpoint dst;
+
+  struct NodePod {
+    std::unique_ptr<TestNetns> ns;
+    CniParams params;
+    json result;
+    std::string uid, id;
+  };
+  std::vector<NodePod> pods;
+  auto addPod = [&](int i) {
+    NodePod p;
+    p.ns = std::make_unique<TestNetns>("cninodepod");
+    EXPECT_TRUE(p.ns->ok()) << p.ns->error();
+    p.uid = "0c0ffee0-0000-4000-8000-" + std::to_string(100000000000LL + ::getpid() * 100 + i);
+    p.params.containerId = "n" + std::to_string(::getpid()) + "x" + std::to_string(i) + std::string(50, 'e');
+    p.params.netns = p.ns->path();
+    p.params.args = cniArgs("web-" + std::to_string(i), p.uid);
+    p.id = cni::podIdForContainer(p.params.containerId);
+    auto add = rt.add(list_, p.params);
+    EXPECT_TRUE(add.ok) << add.describe();
+    p.result = add.result;
+    pods.push_back(std::move(p));
+  };
+  auto connect = [&](NodePod& p) { return connectAndEcho(*p.ns, dst); };
+  auto relayedFor = [&](NodeProxyStandIn& np, const std::string& uid) {
+    size_t n = 0;
+    for (const auto& e : np.events())
+      if (e.type == "connection" && e.uid == uid && e.proxy.detail == "upstream ok" && e.proxy.origDst == dst.str()) n++;
+    return n;
+  };
+  for (int i = 0; i < 3; i++) addPod(i);
+  ASSERT_EQ(proxy->runningPods().size(), 3u);
+  auto s = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  server = std::move(*s);
+  dst = Endpoint::of(gatewayIp(), server->port());
+  auto listed = listPods();
+  ASSERT_EQ(listed.size(), 3u);
+  for (const auto& l : listed) {
+    EXPECT_EQ(l.handoff, HandoffState::Acked) << l.id;
+    EXPECT_EQ(l.identity.ns, "default");
+    EXPECT_FALSE(l.identity.uid.empty());
+  }
+  for (auto& p : pods) {
+    ASSERT_TRUE(connect(p).ok()) << p.id;
+    EXPECT_EQ(relayedFor(*proxy, p.uid), 1u) << "pod " << p.id << " did not reach its own listeners";
+  }
+
+  // Under a connection loop: the node proxy is replaced, the agent is
+  // killed and restarted.
+  std::atomic<bool> stop{false};
+  std::atomic<size_t> ok{0};
+  std::vector<std::string> failures;
+  std::thread loop([&] {
+    while (!stop)
+      for (auto& p : pods) {
+        Status st = connect(p);
+        if (st.ok())
+          ok++;
+        else
+          failures.push_back(p.id + ": " + st.error().message);
+      }
+  });
+  std::this_thread::sleep_for(300ms);
+  EXPECT_EQ(agent_->stop(SIGKILL), 128 + SIGKILL);
+  std::this_thread::sleep_for(300ms);
+  startHandOffAgent();
+  EXPECT_TRUE(proxy->waitFor([&](const NodeProxyEvent& e) { return e.type == "snapshot" && e.connection > 1; }, 5s));
+  std::this_thread::sleep_for(300ms);
+  size_t atAgentRestart = ok.load();
+  std::vector<std::string> agentFailures = failures;
+  // ztunnel's DaemonSet replaces its pod: the new one beside the old
+  // (before Linux 6.6, without SO_REUSEPORT, after it: see HandOff).
+  const bool overlap = kernelAssignsReuseport();
+  if (!overlap) proxy->stop();
+  auto next = NodeProxyStandIn::start(testNodeProxyConfig(zdsPath()));
+  ASSERT_TRUE(next.ok()) << next.error().message;
+  for (auto& p : pods) EXPECT_TRUE((*next)->waitForEvent("proxy-started", p.uid, 5s)) << p.id;
+  if (overlap) proxy->stop();
+  std::this_thread::sleep_for(300ms);
+  stop = true;
+  loop.join();
+  proxy = std::move(*next);
+  EXPECT_TRUE(agentFailures.empty()) << agentFailures.size() << " failed across the agent's restart, first: "
+                                     << agentFailures.front();
+  EXPECT_GE(atAgentRestart, 6u);
+  // The old proxy's connections in flight are reset when it stops (see
+  // HandOff.AgentAndNodeProxyRestartsLoseNothing); nothing else may fail.
+  for (size_t i = agentFailures.size(); i < failures.size(); i++) {
+    if (kernelAssignsReuseport()) {
+      EXPECT_NE(failures[i].find("Connection reset by peer"), std::string::npos) << failures[i];
+    }
+  }
+  std::cout << "node model: " << ok.load() << " connections across the agent's kill -9 and the node proxy's "
+            << "replacement, " << failures.size() << " reset by the old proxy's stop\n";
+
+  // Churn: a pod leaves (DEL: its listeners close), a new one comes.
+  auto gone = std::move(pods.front());
+  pods.erase(pods.begin());
+  auto del = rt.checkOrDel(list_, gone.params, "DEL", gone.result);
+  ASSERT_TRUE(del.ok) << del.describe();
+  EXPECT_TRUE(proxy->waitForEvent("del", gone.uid, 3s));
+  addPod(7);
+  for (auto& p : pods) {
+    size_t before = relayedFor(*proxy, p.uid);
+    ASSERT_TRUE(connect(p).ok()) << p.id;
+    EXPECT_EQ(relayedFor(*proxy, p.uid), before + 1) << "pod " << p.id << " went around the proxy";
+  }
+  auto runningUids = proxy->runningPods();
+  EXPECT_EQ(runningUids.size(), pods.size());
+  EXPECT_EQ(std::count(runningUids.begin(), runningUids.end(), gone.uid), 0);
+  listed = listPods();
+  EXPECT_EQ(listed.size(), pods.size()) << "a pod was lost or left behind";
+
+  for (auto& p : pods) ASSERT_TRUE(rt.checkOrDel(list_, p.params, "DEL", p.result).ok) << p.id;
+  EXPECT_TRUE(listPods().empty());
+  EXPECT_TRUE(eventually([&] { return proxy->runningPods().empty(); }, 3s));
+}
+
 // DEL of a container sluice-cni never saw, with and without a netns.
 TEST_F(Cni, DelOfAnUnknownContainerSucceeds) {
   startAgent();
@@ -476,6 +685,30 @@ TEST_F(Cni, DelAfterTheNetnsIsGoneCleansUp) {
   EXPECT_EQ(pods[0].ips, std::vector<std::string>{podIp()});
   pod_.remove();
   auto del = rt.checkOrDel(list_, params_, "DEL", add.result);
+  ASSERT_TRUE(del.ok) << del.describe();
+  expectNoPodState();
+}
+
+// A runtime that passes CNI_NETNS relative to its working directory: the
+// agent gets (and records) the absolute path, so its sweep, which runs in
+// another directory, finds the pod; DEL works the same way.
+TEST_F(Cni, RelativeNetnsIsRecordedAbsolute) {
+  startAgent();
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  rt.cwd = "/var/run/netns";
+  CniParams p = params_;
+  p.netns = pod_.name();
+  auto add = rt.add(list_, p);
+  ASSERT_TRUE(add.ok) << add.describe();
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  char real[PATH_MAX];
+  ASSERT_TRUE(::realpath(rt.cwd.c_str(), real));
+  EXPECT_EQ(pods[0].netnsPath, std::string(real) + "/" + pod_.name());
+  auto check = client().check(podId_);
+  ASSERT_TRUE(check.ok()) << check.error().message;
+  EXPECT_TRUE(check->intact) << check->problems.size();
+  auto del = rt.checkOrDel(list_, p, "DEL", add.result);
   ASSERT_TRUE(del.ok) << del.describe();
   expectNoPodState();
 }

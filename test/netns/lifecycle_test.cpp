@@ -337,6 +337,149 @@ TEST_P(Lifecycle, AddPodWithOtherSettingsFails) {
   EXPECT_TRUE(pods[0].inboundCapture);
 }
 
+// The pod's identity is recorded with it; the same pod with another
+// identity is refused (a re-created sandbox gets a new netns, so this is a
+// caller's mistake, not an update).
+TEST_P(Lifecycle, IdentityIsRecordedAndAnotherOneIsRefused) {
+  PodSpec spec;
+  spec.identity = {"8b5c0d0e-4f0a-4b7e-9a51-0d5a5f1c2e3d", "web-0", "shop", "web"};
+  auto info = h_->enroll(spec);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->identity, spec.identity);
+  EXPECT_EQ(info->handoff, HandoffState::None);
+  auto again = h_->enroll(spec);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  auto pods = h_->datapath().listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].identity, spec.identity);
+  spec.identity.uid = "another-uid";
+  auto other = h_->enroll(spec);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().code, EEXIST);
+  EXPECT_EQ(other.error().message, "pod '" + h_->podId() +
+                                       "' is already enrolled with another identity (uid "
+                                       "'8b5c0d0e-4f0a-4b7e-9a51-0d5a5f1c2e3d', shop/web-0); remove it first");
+  spec.identity.uid = "bad uid";
+  auto bad = h_->enroll(spec);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message, "uid has a character that is not printable ASCII (or a space)");
+}
+
+/// An EnrollHook that records what the data plane looked like when it ran.
+struct RecordingHook {
+  EnrollHook hook;
+  int applied = 0, undone = 0;
+  bool redirectionOn = false, probeAddressesIn = false, recordIn = false;
+  Status result;
+};
+
+// Istio's order: the hand-off runs once the redirection is in place and
+// before the pod's addresses enter the probe SNAT set; its success is
+// recorded in the registry.
+TEST_P(Lifecycle, HandOffRunsBetweenRedirectionAndProbeSnat) {
+  RecordingHook r;
+  r.hook.apply = [&](const PodInfo& p) {
+    r.applied++;
+    r.redirectionOn = maps().podConfig.lookup(p.netnsCookie).has_value();
+    r.recordIn = maps().pods.lookup(podKey(p.id)).has_value();
+    for (const auto& k : maps().podAddrs.keys())
+      if (maps().podAddrs.lookup(k)->netns_cookie == p.netnsCookie) r.probeAddressesIn = true;
+    return r.result;
+  };
+  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  PodSpec spec;
+  spec.nodeNetnsPath = h_->node().path();
+  auto info = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(r.applied, 1);
+  EXPECT_TRUE(r.redirectionOn) << "handed off before the redirection was in place";
+  EXPECT_TRUE(r.recordIn);
+  EXPECT_FALSE(r.probeAddressesIn) << "probe SNAT before the hand-off";
+  EXPECT_EQ(r.undone, 0);
+  EXPECT_EQ(info->handoff, HandoffState::Acked);
+  EXPECT_NE(info->handoffAtNs, 0u);
+  EXPECT_FALSE(maps().podAddrs.keys().empty()) << "no probe SNAT after the hand-off";
+  ASSERT_TRUE(h_->datapath().setHandoff(h_->podId(), HandoffState::Failed, "ztunnel said no").ok());
+  auto pods = h_->datapath().listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].handoff, HandoffState::Failed);
+  EXPECT_EQ(pods[0].handoffError, "ztunnel said no");
+  // Removed pods are not brought back by a late hand-off record.
+  ASSERT_TRUE(h_->unenroll().ok());
+  ASSERT_TRUE(h_->datapath().setHandoff(h_->podId(), HandoffState::Acked).ok());
+  EXPECT_TRUE(h_->datapath().listPods().empty());
+}
+
+// A failed hand-off fails the enrollment and leaves nothing of it.
+TEST_P(Lifecycle, FailedHandOffRollsBackEverything) {
+  RecordingHook r;
+  r.result = Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN);
+  r.hook.apply = [&](const PodInfo&) {
+    r.applied++;
+    return r.result;
+  };
+  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  PodSpec spec;
+  spec.nodeNetnsPath = h_->node().path();
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok());
+  auto info = h_->enroll(spec, &r.hook);
+  ASSERT_FALSE(info.ok());
+  EXPECT_EQ(info.error().code, EAGAIN);
+  EXPECT_EQ(info.error().message, "hand-off to the node proxy failed: no ztunnel connection (retryable)");
+  EXPECT_EQ(r.applied, 1);
+  EXPECT_EQ(r.undone, 0) << "undo of a hand-off that did not happen";
+  expectNoPodState(h_->pod().name(), *cookie, &h_->pod());
+  EXPECT_TRUE(maps().podAddrs.keys().empty());
+}
+
+// A step after the hand-off fails (the node side: no host-side veth in the
+// node netns given): the hand-off is undone with the rest.
+TEST_P(Lifecycle, FailureAfterHandOffUndoesIt) {
+  RecordingHook r;
+  r.hook.apply = [&](const PodInfo&) {
+    r.applied++;
+    return Status();
+  };
+  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  TestNetns elsewhere("node2");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.error();
+  PodSpec spec;
+  spec.nodeNetnsPath = elsewhere.path();
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok());
+  auto info = h_->enroll(spec, &r.hook);
+  ASSERT_FALSE(info.ok());
+  EXPECT_NE(info.error().message.find("no host-side veth"), std::string::npos) << info.error().message;
+  EXPECT_EQ(r.applied, 1);
+  EXPECT_EQ(r.undone, 1);
+  expectNoPodState(h_->pod().name(), *cookie, &h_->pod());
+}
+
+// Adding an enrolled pod again retries its hand-off; a failure then is
+// reported and recorded but leaves the enrollment in place.
+TEST_P(Lifecycle, RetriedAddRetriesTheHandOff) {
+  RecordingHook r;
+  r.hook.apply = [&](const PodInfo&) {
+    r.applied++;
+    return r.result;
+  };
+  ASSERT_TRUE(h_->enroll({}, &r.hook).ok());
+  r.result = Error::msg("hand-off to the node proxy failed: ack time-out (retryable)", EAGAIN);
+  auto again = h_->enroll({}, &r.hook);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().code, EAGAIN);
+  auto pods = h_->datapath().listPods();
+  ASSERT_EQ(pods.size(), 1u) << "a failed retry removed the pod";
+  EXPECT_EQ(pods[0].handoff, HandoffState::Failed);
+  EXPECT_EQ(pods[0].handoffError, "hand-off to the node proxy failed: ack time-out (retryable)");
+  r.result = Status();
+  auto third = h_->enroll({}, &r.hook);
+  ASSERT_TRUE(third.ok()) << third.error().message;
+  EXPECT_EQ(third->handoff, HandoffState::Acked);
+  EXPECT_EQ(r.applied, 3);
+}
+
 TEST_P(Lifecycle, SecondIdForSameNetnsFails) {
   ASSERT_TRUE(h_->enroll().ok());
   PodSpec spec;

@@ -1,4 +1,4 @@
-// The node side of sluice (shared/spec/redirection.md, "On the node", rules
+// The node side of sluice (docs/redirection.md, "On the node", rules
 // 10 and 11): kubelet-style probes from a socket of the node get the source
 // 169.254.7.127 (v6 fd16:9254:7127:1337:ffff:ffff:ffff:ffff) on their way to
 // an enrolled pod and are translated back on the way out, while forwarded
@@ -6,7 +6,7 @@
 // the pod's proxy. The BPF counterpart of Istio's
 //   -t nat POSTROUTING -m owner --socket-exists -p tcp
 //      -m set --match-set istio-inpod-probes-v4 dst -j SNAT --to-source 169.254.7.127
-// (shared/bench/istio-hostprobe-v4.rules), with no netfilter at all.
+// (test/bench/istio/istio-hostprobe-v4.rules), with no netfilter at all.
 //
 // Topologies (test/common/probe_topology.h has the full diagrams): a routed
 // CNI (per-pod veth, /32 + /128 routes, gateway 169.254.1.1 / fe80::1) and a

@@ -1,4 +1,4 @@
-// The redirection contract (shared/spec/redirection.md, rules 1-9 and the
+// The redirection contract (docs/redirection.md, rules 1-9 and the
 // per-pod options) with real traffic through real namespaces, for tcx and
 // legacy (clsact) attachment, over IPv4 and IPv6.
 //

@@ -34,6 +34,41 @@ TEST(AgentProtocol, AddRequestRoundTrips) {
   EXPECT_EQ(back->pod.tcMode, std::optional<TcMode>(TcMode::Legacy));
 }
 
+TEST(AgentProtocol, PodIdentityRoundTrips) {
+  Request r;
+  r.op = Op::Add;
+  r.pod.netnsPath = "/var/run/netns/web-1";
+  r.pod.identity = {"8b5c0d0e-4f0a-4b7e-9a51-0d5a5f1c2e3d", "web-1", "shop", "web"};
+  std::string line = encodeRequest(r).dump();
+  EXPECT_NE(line.find(R"("uid":"8b5c0d0e-4f0a-4b7e-9a51-0d5a5f1c2e3d")"), std::string::npos) << line;
+  EXPECT_NE(line.find(R"("namespace":"shop")"), std::string::npos) << line;
+  EXPECT_NE(line.find(R"("serviceAccount":"web")"), std::string::npos) << line;
+  auto back = decodeRequest(line);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->pod.identity, r.pod.identity);
+  // Without one, no identity fields travel (an older agent refuses unknown
+  // fields).
+  r.pod.identity = {};
+  EXPECT_EQ(encodeRequest(r).dump().find("uid"), std::string::npos);
+
+  PodInfo p;
+  p.id = "web-1";
+  p.identity = {"u1", "web-1", "shop", "web"};
+  p.handoff = HandoffState::Failed;
+  p.handoffError = "failure to start proxy: address in use";
+  p.handoffAtNs = 42;
+  auto info = decodePodInfo(encodePodInfo(p));
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->identity, p.identity);
+  EXPECT_EQ(info->handoff, HandoffState::Failed);
+  EXPECT_EQ(info->handoffError, p.handoffError);
+  EXPECT_EQ(info->handoffAtNs, 42u);
+  EXPECT_EQ(encodePodInfo(PodInfo{})["handoff"], "not handed off");
+  auto bad = decodePodInfo({{"id", "a"}, {"handoff", "maybe"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message, "malformed request: unknown hand-off state 'maybe'");
+}
+
 TEST(AgentProtocol, OptionalFieldsStayUnset) {
   auto r = decodeRequest(R"({"version":1,"op":"add","pod":{"netns":"/proc/42/ns/net"}})");
   ASSERT_TRUE(r.ok()) << r.error().message;
@@ -61,6 +96,19 @@ TEST(AgentProtocol, BadRequestsNameTheProblem) {
       {R"({"version":1,"op":"add","pod":{"netns":"/x","rerouteIfaces":"eth1"}})", EINVAL,
        "malformed request: 'rerouteIfaces' must be an array of strings"},
       {R"({"version":1,"op":"stats","id":""})", EINVAL, "pod id is empty"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","uid":7}})", EINVAL, "malformed request: 'uid' must be a string"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","uid":"a b"}})", EINVAL,
+       "malformed request: 'pod': uid has a character that is not printable ASCII (or a space)"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","namespace":"0123456789012345678901234567890123456789012345678901234567890123"}})",
+       EINVAL,
+       "malformed request: 'pod': pod namespace '0123456789012345678901234567890123456789012345678901234567890123' is "
+       "longer than 63 characters"},
+      // Relative paths mean nothing in the agent's working directory.
+      {R"({"version":1,"op":"add","pod":{"netns":"run/netns/x"}})", EINVAL,
+       "malformed request: 'pod.netns' must be an absolute path"},
+      {R"({"version":1,"op":"add","pod":{"netns":"/x","nodeNetns":"node"}})", EINVAL,
+       "malformed request: 'pod.nodeNetns' must be an absolute path (or \"\": the agent's netns)"},
+      {R"({"version":1,"op":"remove","netns":"x"})", EINVAL, "malformed request: 'netns' must be an absolute path"},
   };
   for (const auto& c : cases) {
     auto r = decodeRequest(c.line);
@@ -125,6 +173,11 @@ TEST(AgentOptions, DefaultsAndFlags) {
   EXPECT_EQ(f->logFormat, "json");
   EXPECT_EQ(f->agent.datapath.tcMode, TcMode::Legacy);
   EXPECT_EQ(f->agent.reconcileInterval, std::chrono::seconds(5));
+  EXPECT_TRUE(f->agent.ztunnelSocket.empty()) << "no hand-off unless asked for";
+  auto z = parseDaemonArgs({"--ztunnel-socket", "/var/run/ztunnel/ztunnel.sock", "--ztunnel-timeout-ms", "250"});
+  ASSERT_TRUE(z.ok()) << z.error().message;
+  EXPECT_EQ(z->agent.ztunnelSocket, "/var/run/ztunnel/ztunnel.sock");
+  EXPECT_EQ(z->agent.ztunnelTimeout, std::chrono::milliseconds(250));
   auto off = parseDaemonArgs({"--metrics-address", "off"});
   ASSERT_TRUE(off.ok());
   EXPECT_TRUE(off->agent.metricsAddress.empty());
@@ -144,6 +197,10 @@ TEST(AgentOptions, BadFlagsAreUsageErrors) {
       {{"--metrics-address", "127.0.0.1:99999"}, "--metrics-address: invalid port in '127.0.0.1:99999' (see sluiced --help)"},
       {{"--reconcile-interval", "-1"}, "invalid --reconcile-interval '-1' (expected whole seconds) (see sluiced --help)"},
       {{"--tc-mode", "x"}, "invalid --tc-mode 'x' (expected auto, tcx or legacy) (see sluiced --help)"},
+      {{"--ztunnel-socket", "ztunnel.sock"}, "--ztunnel-socket needs an absolute path (see sluiced --help)"},
+      {{"--ztunnel-socket", "/" + std::string(120, 'z')},
+       "--ztunnel-socket path is longer than 107 bytes (see sluiced --help)"},
+      {{"--ztunnel-timeout-ms", "0"}, "invalid --ztunnel-timeout-ms '0' (expected whole milliseconds > 0) (see sluiced --help)"},
   };
   for (const auto& c : cases) {
     auto r = parseDaemonArgs(c.args);

@@ -2,6 +2,7 @@
 // no kernel state. Every usage error message is pinned here.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <sstream>
 
 #include "loader/datapath.h"
@@ -40,6 +41,46 @@ TEST(CliParse, PodAddDefaultsAndOptions) {
   EXPECT_FALSE(c->pod.dnsCapture);
   EXPECT_FALSE(c->pod.inboundCapture);
   EXPECT_EQ(c->pod.rerouteIfaces, (std::vector<std::string>{"vif0", "vif1"}));
+}
+
+TEST(CliParse, PodIdentity) {
+  auto c = parseArgs({"pod", "add", "--netns", "/var/run/netns/web", "--uid", "u-1", "--pod-name", "web",
+                      "--pod-namespace", "shop", "--service-account", "web-sa"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->pod.identity, (PodIdentity{"u-1", "web", "shop", "web-sa"}));
+  c = parseArgs({"pod", "add", "--netns", "/var/run/netns/web"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_TRUE(c->pod.identity.empty());
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", "u-1"}),
+            "a pod's identity needs --uid, --pod-name and --pod-namespace together (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--pod-name", "web", "--pod-namespace", "shop"}),
+            "a pod's identity needs --uid, --pod-name and --pod-namespace together (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", ""}), "--uid needs a value (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", std::string(48, 'u'), "--pod-name", "a",
+                        "--pod-namespace", "b"}),
+            "uid '" + std::string(48, 'u') + "' is longer than 47 characters (see sluicectl --help)");
+  EXPECT_EQ(parseError({"pod", "add", "--netns", "/x", "--uid", "u", "--pod-name", "a\tb", "--pod-namespace", "b"}),
+            "pod name has a character that is not printable ASCII (or a space) (see sluicectl --help)");
+  EXPECT_NE(parseError({"pod", "list", "--uid", "u"}).find("unknown option --uid"), std::string::npos);
+}
+
+// Netns paths are recorded for the agent's sweep, which runs elsewhere: a
+// relative one is made absolute against sluicectl's working directory.
+TEST(CliParse, RelativeNetnsPathsAreMadeAbsolute) {
+  const std::string cwd = std::filesystem::current_path().string();
+  auto c = parseArgs({"pod", "add", "--netns", "web", "--node-netns", "../node/./ns"});
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->pod.netnsPath, cwd + "/web");
+  EXPECT_EQ(*c->pod.nodeNetnsPath, std::filesystem::path(cwd).parent_path().string() + "/node/ns");
+  EXPECT_EQ(c->pod.id, "");  // defaultPodId of the absolute path: still "web"
+  EXPECT_EQ(defaultPodId(c->pod.netnsPath), "web");
+  c = parseArgs({"pod", "remove", "--netns", "web"});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->pod.netnsPath, cwd + "/web");
+  // Absolute paths are kept as given.
+  EXPECT_EQ(absoluteNetnsPath("/proc/1/ns/net"), "/proc/1/ns/net");
+  EXPECT_EQ(absoluteNetnsPath("/var/run/netns/../netns/x"), "/var/run/netns/../netns/x");
+  EXPECT_EQ(absoluteNetnsPath(""), "");
 }
 
 TEST(CliParse, OtherCommands) {
@@ -176,6 +217,16 @@ TEST(Format, PodListTextAndJson) {
   std::string text = formatPodList({p}, false);
   EXPECT_NE(text.find("web"), std::string::npos);
   EXPECT_NE(text.find("off"), std::string::npos);
+  EXPECT_NE(text.find("not handed off"), std::string::npos) << text;
+  p.identity = {"u-1", "web-0", "shop", "web"};
+  p.handoff = HandoffState::Failed;
+  p.handoffError = "no ztunnel connection";
+  text = formatPodList({p}, false);
+  EXPECT_NE(text.find("u-1"), std::string::npos) << text;
+  EXPECT_NE(text.find("shop/web-0"), std::string::npos) << text;
+  EXPECT_NE(text.find("failed: no ztunnel connection"), std::string::npos) << text;
+  p.handoff = HandoffState::Acked;
+  EXPECT_NE(formatPodList({p}, false).find("acked"), std::string::npos);
   std::string json = formatPodList({p}, true);
   EXPECT_NE(json.find("\"id\": \"web\""), std::string::npos);
   EXPECT_NE(json.find("\"dns_capture\": false"), std::string::npos);

@@ -125,6 +125,8 @@ TEST(CniConf, EachBadConfigHasItsCodeAndNamesTheProblem) {
       {"empty agentSocket", conf(",\"agentSocket\":\"\""), kCniInvalidConfig, "'agentSocket'"},
       {"bad logLevel", conf(",\"logLevel\":\"loud\""), kCniInvalidConfig, "'logLevel' must be"},
       {"bad logFormat", conf(",\"logFormat\":\"xml\""), kCniInvalidConfig, "'logFormat' must be text or json"},
+      {"relative logFile", conf(",\"logFile\":\"cni.log\""), kCniInvalidConfig,
+       "'logFile' must be an absolute path, not 'cni.log'"},
       {"prevResult an array", conf(",\"prevResult\":[]"), kCniInvalidConfig, "'prevResult' must be a JSON object"},
   };
   for (const auto& c : cases) {
@@ -225,6 +227,18 @@ TEST(CniRun, EnvironmentErrorsAreCode4) {
   e.ifname.clear();
   j = errorOf(run(e, withPrev()));
   EXPECT_EQ(j["msg"], "CNI_IFNAME is not set (required for ADD)");
+
+  // The pod's identity comes from CNI_ARGS; a value that cannot be one is
+  // refused before the agent is asked.
+  e = env("ADD");
+  e.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=shop;K8S_POD_NAME=web-0;K8S_POD_UID=" + std::string(60, 'u');
+  j = errorOf(run(e, withPrev()));
+  EXPECT_EQ(j["code"], kCniInvalidEnvironment);
+  EXPECT_EQ(j["msg"], "CNI_ARGS: uid '" + std::string(60, 'u') + "' is longer than 47 characters");
+  e.args = "K8S_POD_NAMESPACE=sh op;K8S_POD_NAME=web-0;K8S_POD_UID=u1";
+  j = errorOf(run(e, withPrev()));
+  EXPECT_EQ(j["code"], kCniInvalidEnvironment);
+  EXPECT_EQ(j["msg"], "CNI_ARGS: pod namespace has a character that is not printable ASCII (or a space)");
 }
 
 TEST(CniRun, ConfigErrorsAnswerInTheConfigsVersion) {
@@ -255,6 +269,32 @@ TEST_F(NoAgent, AddFailsClosedWithTryAgainLater) {
   EXPECT_NE(msg.find("the sluice agent is not running"), std::string::npos) << msg;
   EXPECT_NE(msg.find(dir_ + "/agent.sock"), std::string::npos) << msg;
   EXPECT_NE(msg.find("pod c0ffee not started (fail closed)"), std::string::npos) << msg;
+}
+
+// logFile: the lines a runtime would drop with the plugin's stderr are
+// appended there too (CNI_ARGS at debug level); a file that cannot be
+// opened does not fail the command.
+TEST_F(NoAgent, LogFileKeepsTheLinesAndCniArgs) {
+  auto e = env("ADD");
+  e.args = "IgnoreUnknown=1;K8S_POD_NAME=web";
+  std::string logKey = ",\"logLevel\":\"debug\",\"logFile\":\"" + tmp_.file("cni.log") + "\"";
+  auto j = errorOf(run(e, withPrev(socketKey() + logKey)));
+  EXPECT_EQ(j["code"], kCniTryAgainLater);
+  std::string log = test::readTextFile(tmp_.file("cni.log"));
+  EXPECT_NE(log.find(" debug sluice-cni: ADD c0ffee: CNI_ARGS: IgnoreUnknown=1;K8S_POD_NAME=web\n"), std::string::npos)
+      << log;
+  EXPECT_NE(log.find(" error sluice-cni: " + j["msg"].get<std::string>() + "\n"), std::string::npos) << log;
+  // A name alone (podman's CNI_ARGS) names the pod.
+  EXPECT_NE(log.find("pod c0ffee (web) not started (fail closed)"), std::string::npos) << log;
+  // Appended, not truncated, by the next invocation.
+  (void)run(env("DEL"), withPrev(socketKey() + logKey));
+  std::string more = test::readTextFile(tmp_.file("cni.log"));
+  EXPECT_EQ(more.rfind(log, 0), 0u);
+  EXPECT_NE(more.find(" debug sluice-cni: DEL c0ffee: CNI_ARGS: \n"), std::string::npos) << more;
+
+  std::string unwritable = ",\"logFile\":\"" + tmp_.file("no/such/dir/cni.log") + "\"";
+  j = errorOf(run(env("ADD"), withPrev(socketKey() + unwritable)));
+  EXPECT_EQ(j["code"], kCniTryAgainLater) << "a log file that cannot be opened is no reason to fail";
 }
 
 TEST_F(NoAgent, DelSucceedsWithoutAnAgent) {

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -145,12 +146,53 @@ TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
   EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), init["command"].back()), agentArgs.end());
 }
 
+// The agent's Kubernetes client (userspace/agent/kube) needs exactly this
+// much of the API, under the DaemonSet's own service account.
+TEST_F(DeployManifest, RbacForTheKubernetesClient) {
+  json role, binding, account;
+  for (const auto& d : docs_) {
+    if (d["kind"] == "ClusterRole") role = d;
+    if (d["kind"] == "ClusterRoleBinding") binding = d;
+    if (d["kind"] == "ServiceAccount") account = d;
+  }
+  ASSERT_TRUE(role.is_object()) << "no ClusterRole";
+  ASSERT_TRUE(binding.is_object()) << "no ClusterRoleBinding";
+  EXPECT_EQ(role["apiVersion"], "rbac.authorization.k8s.io/v1");
+  std::map<std::string, std::set<std::string>> verbs;  // resource -> verbs
+  for (const auto& r : role["rules"]) {
+    EXPECT_EQ(r["apiGroups"], json::array({""})) << r;
+    for (const auto& res : r["resources"])
+      for (const auto& v : r["verbs"]) verbs[res].insert(v);
+  }
+  using S = std::set<std::string>;
+  EXPECT_EQ(verbs["pods"], (S{"get", "list", "watch"}));
+  EXPECT_EQ(verbs["namespaces"], (S{"get", "list", "watch"}));
+  EXPECT_EQ(verbs["pods/status"], S{"patch"});
+  EXPECT_EQ(verbs.size(), 3u) << "nothing more than that";
+  EXPECT_EQ(binding["roleRef"], json({{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"},
+                                      {"name", role["metadata"]["name"]}}));
+  EXPECT_EQ(binding["subjects"], json::array({{{"kind", "ServiceAccount"}, {"name", pod_["serviceAccountName"]},
+                                               {"namespace", ds_["metadata"]["namespace"]}}}));
+  EXPECT_EQ(account.value("automountServiceAccountToken", true), true);
+  EXPECT_EQ(pod_.value("automountServiceAccountToken", true), true) << "the in-cluster configuration reads the token";
+}
+
+TEST_F(DeployManifest, NodeNameFromTheDownwardApi) {
+  const auto& agent = container("containers", "sluiced");
+  json nodeName;
+  for (const auto& e : agent["env"])
+    if (e["name"] == "NODE_NAME") nodeName = e;
+  ASSERT_TRUE(nodeName.is_object()) << "no NODE_NAME in the agent's env";
+  EXPECT_EQ(nodeName["valueFrom"]["fieldRef"]["fieldPath"], "spec.nodeName");
+}
+
 TEST(DeployDockerfile, MultiStageOnBookwormShippingTheBinaries) {
   const std::string df = readTextFile(kDeployDir + "/Dockerfile");
   ASSERT_FALSE(df.empty());
   EXPECT_NE(df.find("FROM debian:bookworm AS build"), std::string::npos);
   EXPECT_NE(df.find("FROM debian:bookworm-slim"), std::string::npos);
-  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9"})
+  EXPECT_NE(df.find("libcurl4-openssl-dev"), std::string::npos) << "the Kubernetes client's build dependency";
+  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9", "libcurl4 "})
     EXPECT_NE(df.find(lib), std::string::npos) << lib;
   EXPECT_NE(df.find("COPY --from=build /build/sluiced /build/sluice-cni /build/sluicectl /usr/local/bin/"),
             std::string::npos);

@@ -199,5 +199,32 @@ TEST(StatusCommand, Json) {
   EXPECT_EQ(j["features"]["tcx"]["present"], false);
 }
 
+// The node proxy: how its traffic is told apart, and its ZDS connections.
+TEST(StatusCommand, NodeProxy) {
+  cli::ProxyStatus p;
+  std::string s = cli::formatStatus(linux618(), TcMode::Auto, false, &p);
+  EXPECT_NE(s.find("node proxy         no pinned state under this bpffs root"), std::string::npos) << s;
+  EXPECT_NE(s.find("ztunnel            no agent answered"), std::string::npos) << s;
+  p.pinned = true;
+  p.mark = 0x539;
+  p.mask = 0xfff;
+  p.agent = true;
+  s = cli::formatStatus(linux618(), TcMode::Auto, false, &p);
+  EXPECT_NE(s.find("mark 0x539/0xfff alone (Istio's rule; no node proxy seen over ZDS)"), std::string::npos) << s;
+  EXPECT_NE(s.find("the agent hands no pod to a node proxy (no --ztunnel-socket)"), std::string::npos) << s;
+  p.identity.cgroupCheck = true;
+  p.identity.cgroups = {{4242, 17, 1}};
+  p.ztunnelSocket = "/var/run/ztunnel/ztunnel.sock";
+  p.ztunnelConnections = 2;
+  s = cli::formatStatus(linux618(), TcMode::Auto, false, &p);
+  EXPECT_NE(s.find("mark 0x539/0xfff only from the node proxy's cgroups: 4242 (pid 17)"), std::string::npos) << s;
+  EXPECT_NE(s.find("2 connection(s) on /var/run/ztunnel/ztunnel.sock"), std::string::npos) << s;
+  auto j = nlohmann::json::parse(cli::formatStatus(linux618(), TcMode::Auto, true, &p));
+  EXPECT_EQ(j["node_proxy"]["cgroup_check"], true);
+  EXPECT_EQ(j["node_proxy"]["cgroups"][0]["id"], 4242);
+  EXPECT_EQ(j["node_proxy"]["mark"], 0x539);
+  EXPECT_EQ(j["node_proxy"]["ztunnel_connections"], 2);
+}
+
 }  // namespace
 }  // namespace sluice

@@ -12,7 +12,10 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 
+#include "loader/netns.h"
+#include "loader/privileges.h"
 #include "userspace/agent/client.h"
 
 #ifndef SLUICE_VERSION
@@ -90,6 +93,7 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   // Another agent on the socket owns the state: never run two.
   if (auto other = Client::connect(options.socketPath, std::chrono::seconds(2)); other.ok())
     return Error::msg("another agent is already listening on " + options.socketPath, EADDRINUSE);
+  SLUICE_TRY(a->checkBpffs());
   auto dp = Datapath::open(options.datapath);
   SLUICE_TRY(dp);
   a->dp_ = std::move(*dp);
@@ -99,18 +103,83 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   ReconcileReport r = a->reconcileNow();
   spdlog::info("sluiced {}: {} pod(s) enrolled; start-up sweep removed {}, found {} damaged, switched {} hook(s) to this build's programs",
                SLUICE_VERSION, r.pods, r.removed.size(), r.repaired.size(), r.programsReplaced);
+  if (!options.ztunnelSocket.empty()) {
+    // The node proxy connects when it likes; the agent only listens.
+    zds::ServerOptions zo;
+    zo.socketPath = options.ztunnelSocket;
+    zo.helloTimeout = zo.writeTimeout = zo.ackTimeout = zo.idleCheckInterval = options.ztunnelTimeout;
+    zo.snapshot = [p = a.get()] { return p->snapshot(); };
+    // The proxy's cgroup is known before it gets a pod: its sockets' mark
+    // counts from then on, an app's setting the same mark no longer does.
+    zo.onConnected = [p = a.get()](const zds::Peer& peer) {
+      auto id = p->dp_->addProxyProcess(peer.pid);
+      if (id.ok())
+        spdlog::info("node proxy pid {} runs in cgroup {}: the proxy mark counts only from its cgroups", peer.pid, *id);
+      else
+        spdlog::warn("node proxy pid {}: {}; its cgroup is not known, so its sockets' mark may not be honoured", peer.pid,
+                     id.error().message);
+    };
+    // On the server's notifier thread, which nothing waits on: it may wait
+    // for an add holding dpMu_.
+    zo.onSnapshotAck = [p = a.get()](const std::string& uid, const std::string& error) {
+      std::lock_guard<std::mutex> g(p->dpMu_);
+      for (const auto& pod : p->dp_->listPods())
+        if (pod.identity.uid == uid)
+          (void)p->dp_->setHandoff(pod.id, error.empty() ? HandoffState::Acked : HandoffState::Failed, error);
+    };
+    // Node proxies gone since the last run leave the set.
+    a->dp_->pruneProxyCgroups();
+    auto server = zds::Server::start(std::move(zo));
+    SLUICE_TRY(server);
+    a->zds_ = std::move(*server);
+    spdlog::info("ZDS: waiting for the node proxy (ztunnel) on {}", options.ztunnelSocket);
+  } else if (Status st = a->dp_->clearProxyIdentity(); !st.ok()) {
+    // Without a node proxy over ZDS no cgroup is learned: the mark alone.
+    return Error::msg("reset the proxy identity to the mark alone: " + st.error().message, st.error().code);
+  }
   SLUICE_TRY(a->listenApi());
   SLUICE_TRY(a->listenMetrics());
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
   if (a->metricsFd_.valid()) a->metricsThread_ = std::thread([p = a.get()] { p->acceptLoop(p->metricsFd_.get(), true); });
   if (options.reconcileInterval.count() > 0) a->reconcileThread_ = std::thread([p = a.get()] { p->reconcileLoop(); });
+  if (!options.cniConfDir.empty()) {
+    cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket};
+    auto watcher = cni::ConfWatcher::start(w, [p = a.get()](const cni::WatchEvent& e) { p->metrics_.cniConf(e.restored); });
+    SLUICE_TRY(watcher);
+    a->cniWatcher_ = std::move(*watcher);
+  }
   return a;
+}
+
+Status Agent::checkBpffs() {
+  const std::string& root = options_.datapath.bpffsRoot;
+  // Before the root is made: an unprivileged run must not leave one.
+  SLUICE_TRY(checkPrivileges());
+  SLUICE_TRY(ensureBpffsRoot(root));
+  auto m = inspectBpffsMount(root);
+  SLUICE_TRY(m);
+  bpffsMount_ = *m;
+  std::string where = "bpffs " + m->device + " at " + m->mountPoint + " (" + root + ")";
+  if (m->outlivesNamespace) {
+    spdlog::info("{} outlives this mount namespace: {}", where, m->why);
+    return {};
+  }
+  std::string what = where + " is private to the agent's mount namespace (" + m->why +
+                     "): its pinned maps and tcx links, and every pod's redirection with them, vanish with that "
+                     "namespace when the agent exits";
+  if (!options_.allowPrivateBpffs)
+    return Error::msg(what + "; mount the host's /sys/fs/bpf here (hostPath, mountPropagation: Bidirectional) or "
+                             "pass --allow-private-bpffs",
+                      EPERM);
+  spdlog::warn("--allow-private-bpffs: {}", what);
+  return {};
 }
 
 Agent::~Agent() { stop(); }
 
 void Agent::stop() {
   if (stopping_.exchange(true)) return;
+  cniWatcher_.reset();
   if (stopFd_.valid()) {
     uint64_t one = 1;
     (void)!::write(stopFd_.get(), &one, sizeof(one));
@@ -123,6 +192,9 @@ void Agent::stop() {
   if (metricsThread_.joinable()) metricsThread_.join();
   if (reconcileThread_.joinable()) reconcileThread_.join();
   reapConnections(true);
+  // The node proxy keeps its pods' proxies across a dropped connection and
+  // gets a snapshot from the next agent.
+  if (zds_) zds_->stop();
   if (apiFd_.valid()) {
     apiFd_ = Fd();
     ::unlink(options_.socketPath.c_str());
@@ -305,7 +377,15 @@ void Agent::reconcileLoop() {
 
 ReconcileReport Agent::reconcileNow() {
   std::lock_guard<std::mutex> g(dpMu_);
+  std::map<std::string, std::string> uids;  // of the pods the sweep may remove
+  if (zds_)
+    for (const auto& p : dp_->listPods()) uids[p.id] = p.identity.uid;
   ReconcileReport r = dp_->reconcile();
+  if (zds_) {
+    for (const auto& id : r.removed)
+      if (!uids[id].empty()) (void)zds_->del(uids[id]);
+    dp_->pruneProxyCgroups();
+  }
   for (const auto& e : r.errors) spdlog::warn("sweep: {}", e);
   lastReconcileError_ = r.errors.empty() ? "" : r.errors.front();
   metrics_.reconciled(r.removed.size(), r.repaired.size(), r.programsReplaced, r.errors.size());
@@ -322,6 +402,12 @@ Health Agent::health() {
   h.uptimeSeconds = static_cast<uint64_t>(secondsSince(started_));
   h.reconciles = reconciles_;
   h.lastReconcileError = lastReconcileError_;
+  if (zds_) {
+    h.ztunnelSocket = options_.ztunnelSocket;
+    h.ztunnelConnections = zds_->peers().size();
+  }
+  h.bpffsScope = bpffsMount_.outlivesNamespace ? "host" : "private";
+  h.bpffsScopeWhy = bpffsMount_.why;
   return h;
 }
 
@@ -333,7 +419,19 @@ Result<json> Agent::dispatch(const Request& req) {
       // The pod's host-side interface is looked up in the agent's own netns.
       if (!spec.nodeNetnsPath) spec.nodeNetnsPath = "";
       auto t = Clock::now();
-      auto info = dp_->addPod(spec);
+      Result<PodInfo> info = Error::msg("not enrolled", EINVAL);
+      if (zds_) {
+        if (spec.identity.uid.empty())
+          return Error::msg("pod has no uid: this agent hands every pod to the node proxy (--ztunnel-socket), which "
+                            "needs the pod's Kubernetes uid (sluice-cni takes it from CNI_ARGS K8S_POD_UID; "
+                            "sluicectl: --uid)",
+                            EINVAL);
+        EnrollHook hook{[this](const PodInfo& p) { return handOff(p); },
+                        [this](const PodInfo& p) { (void)zds_->del(p.identity.uid); }};
+        info = dp_->addPod(spec, &hook);
+      } else {
+        info = dp_->addPod(spec);
+      }
       SLUICE_TRY(info);
       metrics_.addLatency(secondsSince(t));
       return encodePodInfo(*info);
@@ -348,7 +446,14 @@ Result<json> Agent::dispatch(const Request& req) {
         id = *found;
       }
       auto t = Clock::now();
+      std::string uid;
+      if (zds_)
+        for (const auto& p : dp_->listPods())
+          if (p.id == id) uid = p.identity.uid;
+      // Istio's order: probe SNAT and redirection out, then DelWorkload to
+      // every node proxy connection (none connected: nobody to tell).
       SLUICE_TRY(dp_->removePod(id));
+      if (zds_ && !uid.empty()) (void)zds_->del(uid);
       metrics_.removeLatency(secondsSince(t));
       return json{{"id", id}};
     }
@@ -378,6 +483,46 @@ Result<json> Agent::dispatch(const Request& req) {
     }
   }
   return Error::msg("unhandled op", EINVAL);
+}
+
+Status Agent::handOff(const PodInfo& pod) {
+  auto fail = [&](const std::string& why) {
+    spdlog::warn("hand-off of pod {} (uid {}, {}/{}) to the node proxy failed: {}", pod.id, pod.identity.uid,
+                 pod.identity.ns, pod.identity.name, why);
+    return Error::msg("hand-off to the node proxy failed: " + why + " (retryable)", EAGAIN);
+  };
+  auto ns = openNetnsWithCookie(pod.netnsPath, pod.netnsCookie);
+  if (!ns.ok()) return fail(ns.error().message);
+  Status st = zds_->add({pod.identity.uid, pod.identity.name, pod.identity.ns, pod.identity.serviceAccount}, ns->get());
+  if (!st.ok()) {
+    // It refused the pod (e.g. "failure to start proxy") and would retry it
+    // on its own; the enrollment is rolled back, so take the pod back.
+    if (st.error().code == EPROTO) (void)zds_->del(pod.identity.uid);
+    return fail(st.error().message);
+  }
+  return {};
+}
+
+std::vector<zds::SnapshotEntry> Agent::snapshot() {
+  // Without dpMu_ (the registry is read entry by entry from its map): a pod
+  // is in the registry before its AddWorkload is sent, and leaves it before
+  // its DelWorkload, so a snapshot misses no pod the node proxy must keep.
+  std::vector<zds::SnapshotEntry> out;
+  for (const auto& p : dp_->listPods()) {
+    if (p.identity.uid.empty()) {
+      spdlog::warn("ZDS snapshot: pod {} has no uid (enrolled without an identity); the node proxy is not told of it", p.id);
+      continue;
+    }
+    zds::SnapshotEntry e;
+    e.workload = {p.identity.uid, p.identity.name, p.identity.ns, p.identity.serviceAccount};
+    auto ns = openNetnsWithCookie(p.netnsPath, p.netnsCookie);
+    if (ns.ok())
+      e.netns = std::move(*ns);
+    else
+      spdlog::info("ZDS snapshot: pod {} netns: {}; sent without it (KeepWorkload)", p.id, ns.error().message);
+    out.push_back(std::move(e));
+  }
+  return out;
 }
 
 std::string Agent::handle(const std::string& line) {
@@ -424,6 +569,7 @@ std::string Agent::renderMetrics() {
   metricHeader(out, "sluice_pod_dropped_packets_total", "counter", "Packets dropped by the pod programs (fail closed), by pod.");
   for (const auto& c : counters)
     out += "sluice_pod_dropped_packets_total{pod=\"" + labelValue(c.id) + "\"} " + std::to_string(c.stats.dropped_pkts) + "\n";
+  if (zds_) zds_->renderMetrics(out);
   return out;
 }
 

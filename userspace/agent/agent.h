@@ -12,10 +12,13 @@
 #include <string>
 #include <thread>
 
+#include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/fd.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"
+#include "userspace/agent/zds/server.h"
+#include "userspace/cni/watch.h"
 
 namespace sluice::agent {
 
@@ -26,6 +29,18 @@ struct AgentOptions {
   std::string metricsAddress = "127.0.0.1:9464";
   /// Between reconciliation sweeps; 0 turns the periodic sweep off.
   std::chrono::milliseconds reconcileInterval = std::chrono::seconds(30);
+  /// The ZDS socket the node proxy (ztunnel) connects to; "" hands no pod
+  /// to a node proxy (standalone use, per-pod proxies).
+  std::string ztunnelSocket;
+  /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
+  std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
+  /// Start even when the bpffs is private to the agent's mount namespace
+  /// (every pin goes with it).
+  bool allowPrivateBpffs = false;
+  /// The CNI config dir to keep sluice-cni in (userspace/cni/watch.h); ""
+  /// watches nothing. The entry's agentSocket: cniAgentSocket, else socketPath.
+  std::string cniConfDir;
+  std::string cniAgentSocket;
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -70,6 +85,13 @@ class Agent {
   void serveMetrics(int fd);
   void reconcileLoop();
   Health health();
+  /// ZDS: AddWorkload of an enrolled pod with its netns and the ack
+  /// (EnrollHook::apply); errors are retryable (EAGAIN).
+  Status handOff(const PodInfo& pod);
+  /// ZDS: the pods of a new connection's snapshot.
+  std::vector<zds::SnapshotEntry> snapshot();
+  /// Refuses a bpffs private to this mount namespace unless allowed.
+  Status checkBpffs();
 
   AgentOptions options_;
   std::unique_ptr<Datapath> dp_;
@@ -92,6 +114,10 @@ class Agent {
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<uint64_t> reconciles_{0};
   std::string lastReconcileError_;  ///< under dpMu_
+
+  std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
+  BpffsMount bpffsMount_;
+  std::unique_ptr<cni::ConfWatcher> cniWatcher_;
 };
 
 }  // namespace sluice::agent

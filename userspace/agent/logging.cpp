@@ -1,6 +1,7 @@
 #include "userspace/agent/logging.h"
 
 #include <spdlog/pattern_formatter.h>
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -48,15 +49,30 @@ Status validateLogOptions(const std::string& format, const std::string& level) {
   return {};
 }
 
-void setupLogging(const std::string& name, const std::string& format, const std::string& level) {
+void setupLogging(const std::string& name, const std::string& format, const std::string& level,
+                  const std::string& file) {
   auto logger = spdlog::get(name);
   if (!logger) logger = spdlog::stderr_logger_mt(name);
+  // The stderr sink stays; a file sink of an earlier call is replaced.
+  logger->sinks().resize(1);
+  std::string fileError;
+  if (!file.empty()) {
+    try {
+      logger->sinks().push_back(std::make_shared<spdlog::sinks::basic_file_sink_mt>(file));
+      // Each line reaches the file at once (a plugin logs a few lines and
+      // may be killed before exit).
+      logger->flush_on(spdlog::level::trace);
+    } catch (const spdlog::spdlog_ex& e) {
+      fileError = e.what();
+    }
+  }
   spdlog::set_default_logger(logger);
   if (format == "json")
     logger->set_formatter(std::make_unique<JsonFormatter>());
   else
     logger->set_pattern("%Y-%m-%dT%H:%M:%S.%eZ %l %n: %v", spdlog::pattern_time_type::utc);
   spdlog::set_level(spdlog::level::from_str(level));
+  if (!fileError.empty()) spdlog::warn("cannot log to {}: {}", file, fileError);
 }
 
 }  // namespace sluice

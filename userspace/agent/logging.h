@@ -14,6 +14,10 @@ Status validateLogOptions(const std::string& format, const std::string& level);
 /// Installs a stderr logger named `name` as spdlog's default.
 /// text: "2026-12-02T17:00:00.123Z info sluiced: message"
 /// json: {"time":"...","level":"info","logger":"sluiced","msg":"..."}
-void setupLogging(const std::string& name, const std::string& format, const std::string& level);
+/// With @p file, every line is appended there too (a CNI plugin's stderr is
+/// dropped by runtimes when it succeeds); a file that cannot be opened is
+/// said on stderr, not fatal.
+void setupLogging(const std::string& name, const std::string& format, const std::string& level,
+                  const std::string& file = "");
 
 }  // namespace sluice

@@ -82,6 +82,11 @@ void Metrics::reconciled(size_t removed, size_t repaired, int programsReplaced, 
   reconcileErrors_ += errors;
 }
 
+void Metrics::cniConf(bool restored) {
+  std::lock_guard<std::mutex> g(mu_);
+  (restored ? cniRestores_ : cniErrors_)++;
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> g(mu_);
   std::string out;
@@ -92,9 +97,10 @@ std::string Metrics::render() const {
   uint64_t errors = 0;
   for (const auto& [key, n] : requests_)
     if (!key.second) errors += n;
-  metricHeader(out, "sluice_agent_errors_total", "counter", "Failed API requests and reconciliation problems left unrepaired.");
+  metricHeader(out, "sluice_agent_errors_total", "counter", "Failed API requests, reconciliation problems left unrepaired, unreadable CNI configuration.");
   out += "sluice_agent_errors_total{source=\"api\"} " + std::to_string(errors) + "\n";
   out += "sluice_agent_errors_total{source=\"reconcile\"} " + std::to_string(reconcileErrors_) + "\n";
+  out += "sluice_agent_errors_total{source=\"cni_conf\"} " + std::to_string(cniErrors_) + "\n";
   metricHeader(out, "sluice_pod_add_duration_seconds", "histogram", "Time to enroll a pod (successful adds).");
   add_.render(out, "sluice_pod_add_duration_seconds");
   metricHeader(out, "sluice_pod_remove_duration_seconds", "histogram", "Time to remove a pod (successful removals).");
@@ -108,6 +114,9 @@ std::string Metrics::render() const {
   metricHeader(out, "sluice_reconcile_programs_replaced_total", "counter",
                "Hooks switched in place to the agent's programs (upgrades, pods enrolled by another process).");
   out += "sluice_reconcile_programs_replaced_total " + std::to_string(programsReplaced_) + "\n";
+  metricHeader(out, "sluice_cni_conflist_restored_total", "counter",
+               "Times sluice-cni was put back into the primary CNI conflist after it was rewritten without it.");
+  out += "sluice_cni_conflist_restored_total " + std::to_string(cniRestores_) + "\n";
   return out;
 }
 

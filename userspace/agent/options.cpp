@@ -12,6 +12,8 @@ std::string daemonUsage() {
 usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
                [--tc-mode auto|tcx|legacy] [--reconcile-interval SECONDS]
+               [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
+               [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
   --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
@@ -21,6 +23,21 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
   --tc-mode MODE           attach mode for new pods: auto (tcx when the kernel
                            has it), tcx, or legacy (clsact + cls_bpf)
   --reconcile-interval S   seconds between sweeps (default 30; 0: start-up only)
+  --ztunnel-socket PATH    hand every enrolled pod to the node proxy (ztunnel)
+                           over ZDS on this unix socket (ztunnel's INPOD_UDS,
+                           e.g. /var/run/ztunnel/ztunnel.sock); pods then need
+                           a uid, and an enrollment fails (retryably) while no
+                           ztunnel is connected. Default: no hand-off
+  --ztunnel-timeout-ms MS  ZDS deadlines: hello, request write, ack read, idle
+                           check interval (default 5000)
+  --allow-private-bpffs    start even when the bpffs is private to the agent's
+                           mount namespace (every pin, and every pod's
+                           redirection, then goes with it); refused otherwise
+  --cni-conf-dir DIR       watch this CNI config dir (inotify) and put sluice-cni
+                           back into the primary conflist whenever the primary
+                           CNI rewrites it without it (default: no watch)
+  --cni-agent-socket PATH  the agentSocket written into that entry: this
+                           socket as the host's runtime sees it (default: --socket)
   --version                print the version
 
 On start the agent loads its programs, switches every enrolled pod's hooks
@@ -43,8 +60,13 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       d.version = true;
       return d;
     }
+    if (flag == "--allow-private-bpffs") {
+      d.agent.allowPrivateBpffs = true;
+      continue;
+    }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
-                                      "--tc-mode", "--reconcile-interval"};
+                                      "--tc-mode", "--reconcile-interval", "--ztunnel-socket",
+                                      "--ztunnel-timeout-ms", "--cni-conf-dir", "--cni-agent-socket"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -73,12 +95,28 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       auto m = parseTcMode(v);
       if (!m.ok()) return usageError(m.error().message);
       d.agent.datapath.tcMode = *m;
+    } else if (flag == "--cni-conf-dir") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-conf-dir needs an absolute path");
+      d.agent.cniConfDir = v;
+    } else if (flag == "--cni-agent-socket") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-agent-socket needs an absolute path");
+      d.agent.cniAgentSocket = v;
     } else if (flag == "--reconcile-interval") {
       if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit))
         return usageError("invalid --reconcile-interval '" + v + "' (expected whole seconds)");
       d.agent.reconcileInterval = std::chrono::seconds(std::stoul(v));
+    } else if (flag == "--ztunnel-socket") {
+      if (v.empty() || v[0] != '/') return usageError("--ztunnel-socket needs an absolute path");
+      if (v.size() >= 108) return usageError("--ztunnel-socket path is longer than 107 bytes");
+      d.agent.ztunnelSocket = v;
+    } else if (flag == "--ztunnel-timeout-ms") {
+      if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit) || std::stoul(v) == 0)
+        return usageError("invalid --ztunnel-timeout-ms '" + v + "' (expected whole milliseconds > 0)");
+      d.agent.ztunnelTimeout = std::chrono::milliseconds(std::stoul(v));
     }
   }
+  if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
+    return usageError("--cni-agent-socket needs --cni-conf-dir");
   return d;
 }
 

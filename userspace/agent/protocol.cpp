@@ -100,6 +100,10 @@ json encodePodSpec(const PodSpec& s) {
             {"rerouteIfaces", s.rerouteIfaces},
             {"ips", s.ips}};
   if (!s.id.empty()) j["id"] = s.id;
+  if (!s.identity.uid.empty()) j["uid"] = s.identity.uid;
+  if (!s.identity.name.empty()) j["name"] = s.identity.name;
+  if (!s.identity.ns.empty()) j["namespace"] = s.identity.ns;
+  if (!s.identity.serviceAccount.empty()) j["serviceAccount"] = s.identity.serviceAccount;
   if (s.nodeNetnsPath) j["nodeNetns"] = *s.nodeNetnsPath;
   if (s.tcMode) j["tcMode"] = tcModeName(*s.tcMode);
   return j;
@@ -116,6 +120,11 @@ Result<PodSpec> decodePodSpec(const json& j) {
   SLUICE_TRY(flag(j, "inboundCapture", s.inboundCapture));
   SLUICE_TRY(strs(j, "rerouteIfaces", s.rerouteIfaces));
   SLUICE_TRY(strs(j, "ips", s.ips));
+  SLUICE_TRY(str(j, "uid", s.identity.uid));
+  SLUICE_TRY(str(j, "name", s.identity.name));
+  SLUICE_TRY(str(j, "namespace", s.identity.ns));
+  SLUICE_TRY(str(j, "serviceAccount", s.identity.serviceAccount));
+  if (Status st = validatePodIdentity(s.identity); !st.ok()) return bad("'pod': " + st.error().message);
   for (const auto& ip : s.ips) {
     in6_addr buf{};
     if (inet_pton(AF_INET, ip.c_str(), &buf) != 1 && inet_pton(AF_INET6, ip.c_str(), &buf) != 1)
@@ -124,6 +133,7 @@ Result<PodSpec> decodePodSpec(const json& j) {
   if (j.contains("nodeNetns") && !j["nodeNetns"].is_null()) {
     std::string node;
     SLUICE_TRY(str(j, "nodeNetns", node));
+    if (!node.empty() && node[0] != '/') return bad("'pod.nodeNetns' must be an absolute path (or \"\": the agent's netns)");
     s.nodeNetnsPath = node;
   }
   if (j.contains("tcMode") && !j["tcMode"].is_null()) {
@@ -134,7 +144,8 @@ Result<PodSpec> decodePodSpec(const json& j) {
     s.tcMode = *m;
   }
   for (const auto& k : j.items()) {
-    static const char* known[] = {"netns", "id", "dnsCapture", "inboundCapture", "rerouteIfaces", "ips", "nodeNetns", "tcMode"};
+    static const char* known[] = {"netns",     "id",     "dnsCapture", "inboundCapture", "rerouteIfaces", "ips",
+                                  "nodeNetns", "tcMode", "uid",        "name",           "namespace",     "serviceAccount"};
     if (std::none_of(std::begin(known), std::end(known), [&](const char* n) { return k.key() == n; }))
       return bad("unknown field 'pod." + k.key() + "'");
   }
@@ -214,7 +225,14 @@ json encodePodInfo(const PodInfo& p) {
           {"host_iface", p.hostIface},
           {"node_netns", p.nodeNetnsPath},
           {"ips", p.ips},
-          {"enrolled_at_ns", p.enrolledAtNs}};
+          {"enrolled_at_ns", p.enrolledAtNs},
+          {"uid", p.identity.uid},
+          {"name", p.identity.name},
+          {"namespace", p.identity.ns},
+          {"service_account", p.identity.serviceAccount},
+          {"handoff", handoffStateName(p.handoff)},
+          {"handoff_error", p.handoffError},
+          {"handoff_at_ns", p.handoffAtNs}};
 }
 
 Result<PodInfo> decodePodInfo(const json& j) {
@@ -233,6 +251,21 @@ Result<PodInfo> decodePodInfo(const json& j) {
   SLUICE_TRY(str(j, "node_netns", p.nodeNetnsPath));
   SLUICE_TRY(strs(j, "ips", p.ips));
   SLUICE_TRY(num(j, "enrolled_at_ns", p.enrolledAtNs));
+  SLUICE_TRY(str(j, "uid", p.identity.uid));
+  SLUICE_TRY(str(j, "name", p.identity.name));
+  SLUICE_TRY(str(j, "namespace", p.identity.ns));
+  SLUICE_TRY(str(j, "service_account", p.identity.serviceAccount));
+  std::string handoff = handoffStateName(HandoffState::None);
+  SLUICE_TRY(str(j, "handoff", handoff));
+  bool known = false;
+  for (HandoffState h : {HandoffState::None, HandoffState::Acked, HandoffState::Failed})
+    if (handoff == handoffStateName(h)) {
+      p.handoff = h;
+      known = true;
+    }
+  if (!known) return bad("unknown hand-off state '" + handoff + "'");
+  SLUICE_TRY(str(j, "handoff_error", p.handoffError));
+  SLUICE_TRY(num(j, "handoff_at_ns", p.handoffAtNs));
   return p;
 }
 
@@ -259,7 +292,9 @@ Result<PodCounters> decodeCounters(const json& j) {
 json encodeHealth(const Health& h) {
   return {{"version", h.version},   {"protocol", h.protocol}, {"bpffs", h.bpffsRoot},
           {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
-          {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError}};
+          {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
+          {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections},
+          {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
 }
 
 Result<Health> decodeHealth(const json& j) {
@@ -273,6 +308,10 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(num(j, "uptime_seconds", h.uptimeSeconds));
   SLUICE_TRY(num(j, "reconciles", h.reconciles));
   SLUICE_TRY(str(j, "last_reconcile_error", h.lastReconcileError));
+  SLUICE_TRY(str(j, "ztunnel_socket", h.ztunnelSocket));
+  SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
+  SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));
+  SLUICE_TRY(str(j, "bpffs_scope_why", h.bpffsScopeWhy));
   return h;
 }
 

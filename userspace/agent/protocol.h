@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "loader/pod_types.h"
 #include "loader/pod_stats.h"
 #include "loader/result.h"
 
@@ -53,6 +53,12 @@ struct Health {
   uint64_t uptimeSeconds = 0;
   uint64_t reconciles = 0;  ///< completed sweeps
   std::string lastReconcileError;  ///< "" when the last sweep was clean
+  std::string ztunnelSocket;        ///< "" when the agent hands no pod to a node proxy
+  uint64_t ztunnelConnections = 0;  ///< node proxies connected over ZDS
+  /// "host": the bpffs outlives the agent's mount namespace; "private": it
+  /// goes with it (started with --allow-private-bpffs); "": not reported.
+  std::string bpffsScope;
+  std::string bpffsScopeWhy;  ///< how the agent decided, one phrase
 };
 
 /// What check answers for an enrolled pod.

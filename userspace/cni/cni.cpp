@@ -9,7 +9,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "loader/datapath.h"
+#include "loader/pod_types.h"
 #include "userspace/agent/client.h"
 #include "userspace/agent/logging.h"
 #include "userspace/cni/install.h"
@@ -68,7 +68,10 @@ std::string describePod(const std::string& id, const Env& env) {
   std::string s = "pod " + id;
   auto ns = args.find("K8S_POD_NAMESPACE");
   auto name = args.find("K8S_POD_NAME");
-  if (ns != args.end() && name != args.end()) s += " (" + ns->second + "/" + name->second + ")";
+  if (ns != args.end() && name != args.end())
+    s += " (" + ns->second + "/" + name->second + ")";
+  else if (name != args.end())  // podman passes the container's name alone
+    s += " (" + name->second + ")";
   return s;
 }
 
@@ -82,7 +85,8 @@ Result<agent::Client> connectAgent(const NetConf& conf) {
 
 Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::string& id) {
   PodSpec spec;
-  spec.netnsPath = env.netns;
+  // The runtime's working directory is ours, not the agent's.
+  spec.netnsPath = absoluteNetnsPath(env.netns);
   spec.id = id;
   spec.dnsCapture = conf.dnsCapture;
   spec.inboundCapture = conf.inboundCapture;
@@ -93,6 +97,18 @@ Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::strin
   auto ips = podAddresses(*conf.prevResult);
   SLUICE_TRY(ips);
   spec.ips = *ips;
+  // The pod's identity, as containerd and CRI-O pass it (unknown keys such
+  // as IgnoreUnknown or K8S_POD_INFRA_CONTAINER_ID are tolerated).
+  auto args = parseCniArgs(env.args);
+  auto arg = [&](const char* key) {
+    auto it = args.find(key);
+    return it == args.end() ? std::string() : it->second;
+  };
+  spec.identity.uid = arg("K8S_POD_UID");
+  spec.identity.name = arg("K8S_POD_NAME");
+  spec.identity.ns = arg("K8S_POD_NAMESPACE");
+  if (Status st = validatePodIdentity(spec.identity); !st.ok())
+    return cniError(kCniInvalidEnvironment, "CNI_ARGS: " + st.error().message);
   return spec;
 }
 
@@ -120,8 +136,13 @@ Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
   if (!client.ok())
     return cniError(client.error().code, client.error().message + "; " + describePod(id, env) + " not started (fail closed)");
   auto info = client->addPod(*spec);
-  if (!info.ok())
-    return cniError(kCniAgentFailed, "sluice agent could not enroll " + describePod(id, env) + ": " + info.error().message);
+  if (!info.ok()) {
+    // EAGAIN: the agent could not hand the pod to the node proxy (none
+    // connected, no answer in time, or it refused the pod) and rolled the
+    // enrollment back; the runtime retries the sandbox.
+    int code = info.error().code == EAGAIN ? kCniTryAgainLater : kCniAgentFailed;
+    return cniError(code, "sluice agent could not enroll " + describePod(id, env) + ": " + info.error().message);
+  }
   spdlog::info("enrolled {} (netns {}, interfaces {}, addresses {})", describePod(id, env), env.netns,
                joined(info->interfaces, ","), joined(info->ips, ","));
   return {};
@@ -257,6 +278,9 @@ Result<NetConf> parseNetConf(const std::string& text) {
   if (!validateLogOptions(c.logFormat, "info").ok()) return badConfig("'logFormat' must be text or json");
   if (!validateLogOptions("text", c.logLevel).ok())
     return badConfig("'logLevel' must be trace, debug, info, warn, error or off");
+  SLUICE_TRY(optString(j, "logFile", c.logFile));
+  if (!c.logFile.empty() && c.logFile.front() != '/')
+    return badConfig("'logFile' must be an absolute path, not '" + c.logFile + "'");
   if (j.contains("prevResult")) {
     if (!j["prevResult"].is_object()) return badConfig("'prevResult' must be a JSON object");
     c.prevResult = j["prevResult"];
@@ -354,11 +378,12 @@ Outcome run(const Env& env, const std::string& stdinText) {
       v = j["cniVersion"].get<std::string>();
     return failure(conf.error(), v);
   }
-  setupLogging(kPluginType, conf->logFormat, conf->logLevel);
+  setupLogging(kPluginType, conf->logFormat, conf->logLevel, conf->logFile);
   if (env.containerId.empty())
     return failure(cniError(kCniInvalidEnvironment, "CNI_CONTAINERID is not set (required for " + env.command + ")"),
                    conf->cniVersion);
   const std::string id = podIdForContainer(env.containerId);
+  spdlog::debug("{} {}: CNI_ARGS: {}", env.command, env.containerId, env.args);
 
   if (env.command == "ADD") {
     auto st = cmdAdd(env, *conf, id);
@@ -391,6 +416,8 @@ As a CNI plugin (run by the container runtime, CNI spec 1.0.0):
     tcMode          auto|tcx|legacy (default: the agent's --tc-mode)
     logLevel        trace|debug|info|warn|error|off (default info; stderr)
     logFormat       text|json (default text)
+    logFile         also append the log to this file (runtimes drop the
+                    stderr of a plugin that succeeded)
 
 Installing into the node's CNI configuration:
   sluice-cni install --cni-conf-dir DIR --cni-bin-dir DIR [--agent-socket PATH]

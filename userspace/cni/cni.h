@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "loader/result.h"
-#include "loader/tc.h"
+#include "loader/tc_mode.h"
 
 namespace sluice::cni {
 
@@ -84,6 +84,8 @@ struct NetConf {
   /// spdlog level of the plugin's stderr log, and its format.
   std::string logLevel = "info";
   std::string logFormat = "text";
+  /// Also append the log to this file (absolute path); "" = stderr only.
+  std::string logFile;
   /// The previous plugin's result, kept with its key order so ADD can
   /// return it unchanged.
   std::optional<nlohmann::ordered_json> prevResult;

@@ -167,25 +167,36 @@ Status writeFileAtomic(const std::string& path, const std::string& content, unsi
   return {};
 }
 
-Result<Actions> install(const InstallOptions& o) {
-  SLUICE_TRY(requireDir(o.confDir, "--cni-conf-dir"));
-  SLUICE_TRY(requireDir(o.binDir, "--cni-bin-dir"));
-  auto files = configFiles(o.confDir);
+Result<ChainPlan> planChain(const std::string& confDir, const std::string& agentSocket) {
+  auto files = configFiles(confDir);
   SLUICE_TRY(files);
   if (files->empty())
-    return Error::msg("no CNI network configuration in " + o.confDir +
+    return Error::msg("no CNI network configuration in " + confDir +
                           " yet (*.conflist): install the primary CNI first, sluice-cni chains after it",
                       ENOENT);
-  const std::string primary = (fs::path(o.confDir) / files->front()).string();
-  if (!endsWith(primary, ".conflist"))
-    return Error::msg("the primary CNI configuration " + primary +
+  ChainPlan plan;
+  plan.path = (fs::path(confDir) / files->front()).string();
+  if (!endsWith(plan.path, ".conflist"))
+    return Error::msg("the primary CNI configuration " + plan.path +
                           " is a single-plugin file; sluice-cni can only join a .conflist chain (rewrite it as a "
                           ".conflist, see deploy/README.md)",
                       EINVAL);
-  auto current = readJson(primary);
+  auto current = readJson(plan.path);
   SLUICE_TRY(current);
-  auto updated = withSluice(*current, o.agentSocket, primary);
+  plan.current = std::move(*current);
+  auto updated = withSluice(plan.current, agentSocket, plan.path);
   SLUICE_TRY(updated);
+  plan.updated = std::move(*updated);
+  return plan;
+}
+
+Status writeChain(const ChainPlan& plan) { return writeJson(plan.path, plan.updated); }
+
+Result<Actions> install(const InstallOptions& o) {
+  SLUICE_TRY(requireDir(o.confDir, "--cni-conf-dir"));
+  SLUICE_TRY(requireDir(o.binDir, "--cni-bin-dir"));
+  auto plan = planChain(o.confDir, o.agentSocket);
+  SLUICE_TRY(plan);
 
   Actions actions;
   // The binary first: a chain naming a plugin the runtime can't find would
@@ -193,11 +204,11 @@ Result<Actions> install(const InstallOptions& o) {
   const std::string bin = (fs::path(o.binDir) / kPluginType).string();
   SLUICE_TRY(copyBinary(o.binary, bin));
   actions.push_back("installed " + bin);
-  if (*updated == *current) {
-    actions.push_back("sluice-cni already last in " + primary);
+  if (!plan->changes()) {
+    actions.push_back("sluice-cni already last in " + plan->path);
   } else {
-    SLUICE_TRY(writeJson(primary, *updated));
-    actions.push_back("added sluice-cni to " + primary);
+    SLUICE_TRY(writeChain(*plan));
+    actions.push_back("added sluice-cni to " + plan->path);
   }
   return actions;
 }

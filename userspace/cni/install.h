@@ -43,6 +43,23 @@ nlohmann::ordered_json withoutSluice(const nlohmann::ordered_json& conflist, boo
 /// directory (a name no runtime loads), fsync, chmod @p mode, rename.
 Status writeFileAtomic(const std::string& path, const std::string& content, unsigned mode);
 
+/// The primary config of a CNI config dir with sluice-cni appended:
+/// planned by planChain, written by writeChain.
+struct ChainPlan {
+  std::string path;  ///< the primary (lexically first) config
+  nlohmann::ordered_json current, updated;
+  bool changes() const { return current != updated; }
+};
+
+/// Reads the primary config of @p confDir and plans sluice-cni's entry.
+/// Errors: ENOENT when the dir has no config yet; EINVAL (naming the file)
+/// when the primary is a single-plugin .conf / .json, not JSON, or not a
+/// conflist with plugins.
+Result<ChainPlan> planChain(const std::string& confDir, const std::string& agentSocket);
+
+/// Writes plan.updated to plan.path atomically, keeping the file's mode.
+Status writeChain(const ChainPlan& plan);
+
 /// What install / uninstall did, one line each ("added sluice-cni to ...").
 using Actions = std::vector<std::string>;
 

@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <functional>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -47,6 +49,7 @@ usage: sluicectl [--bpffs DIR] [--socket PATH] [--tc-mode auto|tcx|legacy]
   pod add    --netns PATH [--id NAME] [--dns-capture on|off]
              [--inbound-capture on|off] [--reroute-iface IFNAME]...
              [--node-netns PATH] [--ip ADDR]...
+             [--uid UID --pod-name NAME --pod-namespace NS [--service-account SA]]
   pod remove (--netns PATH | --id NAME)
   pod list   [--json]
   stats      [--id NAME] [--json]
@@ -61,11 +64,16 @@ global options:
   --tc-mode MODE    auto (tcx when the kernel has it), tcx, or legacy (clsact)
   --log-level LVL   trace, debug, info, warn (default), error, off
 
-PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net); --id defaults to
-the netns file's name (pid-PID for /proc/PID/ns/net).
+PATH is a netns file (/var/run/netns/X, /proc/PID/ns/net; a relative PATH is
+taken from the current directory and recorded absolute); --id defaults to
+the netns file's name (pid-PID for /proc/PID/ns/net). A pod whose netns is
+gone does not block its id or addresses: pod add removes it (and says so).
 --node-netns names the netns of the pod's host-side interface, where probe
 SNAT is attached (default: the one sluicectl runs in); --ip overrides the
 pod addresses found in the pod netns.
+--uid, --pod-name, --pod-namespace and --service-account give the pod's
+Kubernetes identity, which an agent running with --ztunnel-socket hands to
+the node proxy (it refuses a pod without a uid).
 )";
 }
 
@@ -137,13 +145,15 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     bool known = (flag == "--netns" && (isAdd || cmd.verb == Verb::PodRemove)) ||
                  (flag == "--id" && cmd.verb != Verb::PodList && cmd.verb != Verb::Status) ||
                  (isAdd && (flag == "--dns-capture" || flag == "--inbound-capture" || flag == "--reroute-iface" ||
-                            flag == "--node-netns" || flag == "--ip"));
+                            flag == "--node-netns" || flag == "--ip" || flag == "--uid" || flag == "--pod-name" ||
+                            flag == "--pod-namespace" || flag == "--service-account"));
     if (!known) return usageError("unknown option " + flag + " for this command");
     auto v = a.value(flag);
     SLUICE_TRY(v);
     if (flag == "--netns") {
       if (v->empty()) return usageError("--netns needs a path");
-      cmd.pod.netnsPath = *v;
+      // Recorded for the agent's sweep, which runs elsewhere: absolute.
+      cmd.pod.netnsPath = absoluteNetnsPath(*v);
       haveNetns = true;
     } else if (flag == "--id") {
       SLUICE_TRY(validatePodId(*v));
@@ -162,15 +172,25 @@ Result<Command> parse(const std::vector<std::string>& argv) {
       cmd.pod.rerouteIfaces.push_back(*v);
     } else if (flag == "--node-netns") {
       if (v->empty()) return usageError("--node-netns needs a path");
-      cmd.pod.nodeNetnsPath = *v;
+      cmd.pod.nodeNetnsPath = absoluteNetnsPath(*v);
     } else if (flag == "--ip") {
       in6_addr buf{};
       if (inet_pton(AF_INET, v->c_str(), &buf) != 1 && inet_pton(AF_INET6, v->c_str(), &buf) != 1)
         return usageError("invalid --ip '" + *v + "' (expected an IPv4 or IPv6 address)");
       cmd.pod.ips.push_back(*v);
+    } else if (flag == "--uid" || flag == "--pod-name" || flag == "--pod-namespace" || flag == "--service-account") {
+      if (v->empty()) return usageError(flag + " needs a value");
+      auto& id = cmd.pod.identity;
+      (flag == "--uid" ? id.uid : flag == "--pod-name" ? id.name : flag == "--pod-namespace" ? id.ns : id.serviceAccount) = *v;
     }
   }
   if (cmd.verb == Verb::PodAdd && !haveNetns) return usageError("pod add needs --netns PATH");
+  if (cmd.verb == Verb::PodAdd) {
+    const auto& id = cmd.pod.identity;
+    if (!id.empty() && (id.uid.empty() || id.name.empty() || id.ns.empty()))
+      return usageError("a pod's identity needs --uid, --pod-name and --pod-namespace together");
+    if (Status st = validatePodIdentity(id); !st.ok()) return usageError(st.error().message);
+  }
   // The node side is always on for the CLI: by default in its own netns.
   if (cmd.verb == Verb::PodAdd && !cmd.pod.nodeNetnsPath) cmd.pod.nodeNetnsPath = "";
   if (cmd.verb == Verb::PodRemove && haveNetns == cmd.id.has_value())
@@ -186,15 +206,24 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
     }
     return arr.dump(2) + "\n";
   }
-  std::ostringstream o;
-  o << std::left << std::setw(24) << "ID" << std::setw(8) << "MODE" << std::setw(5) << "DNS" << std::setw(9)
-    << "INBOUND" << std::setw(16) << "INTERFACES"
-    << "NETNS\n";
+  // Columns as wide as their widest cell: netns paths and pod names vary.
+  std::vector<std::vector<std::string>> rows = {{"ID", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
-    o << std::left << std::setw(24) << p.id << std::setw(8) << p.tcMode << std::setw(5) << (p.dnsCapture ? "on" : "off")
-      << std::setw(9) << (p.inboundCapture ? "on" : "off") << std::setw(16) << ifs << p.netnsPath << "\n";
+    std::string handoff = handoffStateName(p.handoff);
+    if (p.handoff == HandoffState::Failed) handoff += ": " + p.handoffError;
+    rows.push_back({p.id, p.tcMode, p.dnsCapture ? "on" : "off", p.inboundCapture ? "on" : "off", ifs,
+                    p.identity.name.empty() ? "-" : p.identity.ns + "/" + p.identity.name,
+                    p.identity.uid.empty() ? "-" : p.identity.uid, p.netnsPath, handoff});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& r : rows)
+    for (size_t c = 0; c < r.size(); c++) width[c] = std::max(width[c], r[c].size());
+  std::ostringstream o;
+  for (const auto& r : rows) {
+    for (size_t c = 0; c + 1 < r.size(); c++) o << std::left << std::setw(static_cast<int>(width[c] + 2)) << r[c];
+    o << r.back() << "\n";
   }
   return o.str();
 }
@@ -257,7 +286,68 @@ std::pair<std::string, std::string> resolvedTcMode(const FeatureReport& r, TcMod
 
 }  // namespace
 
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
+BpffsReport inspectBpffsForStatus(const Command& cmd, const std::optional<agent::Health>& agent) {
+  BpffsReport b;
+  b.root = cmd.bpffsRoot;
+  b.socket = cmd.socketPath;
+  b.agent = agent;
+  // The root may not exist yet: its nearest existing directory tells
+  // which filesystem it will be on.
+  std::string at = cmd.bpffsRoot;
+  while (at.size() > 1 && ::access(at.c_str(), F_OK) != 0) at = at.substr(0, std::max<size_t>(1, at.rfind('/')));
+  if (!isOnBpffs(at)) {
+    b.localNote = "no bpffs mounted over " + cmd.bpffsRoot + " (sluicectl and sluiced mount one at /sys/fs/bpf when they need it)";
+  } else if (auto m = inspectBpffsMount(at); m.ok()) {
+    b.local = *m;
+  } else {
+    b.localNote = m.error().message;
+  }
+  return b;
+}
+
+namespace {
+
+std::string hexMark(uint32_t v) {
+  char buf[16];
+  std::snprintf(buf, sizeof(buf), "0x%x", v);
+  return buf;
+}
+
+// "mark 0x539/0xfff alone" or "... from cgroups 12 (pid 3), ...".
+std::string describeProxyIdentity(const ProxyStatus& p) {
+  if (!p.pinned) return "no pinned state under this bpffs root";
+  std::string s = "mark " + hexMark(p.mark) + "/" + hexMark(p.mask);
+  if (!p.identity.cgroupCheck) return s + " alone (Istio's rule; no node proxy seen over ZDS)";
+  if (p.identity.cgroups.empty()) return s + " from the node proxy's cgroups: none live";
+  s += " only from the node proxy's cgroups:";
+  for (const auto& c : p.identity.cgroups) s += " " + std::to_string(c.id) + " (pid " + std::to_string(c.pid) + ")";
+  return s;
+}
+
+std::string describeZtunnel(const ProxyStatus& p) {
+  if (!p.agent) return "no agent answered";
+  if (p.ztunnelSocket.empty()) return "the agent hands no pod to a node proxy (no --ztunnel-socket)";
+  return std::to_string(p.ztunnelConnections) + " connection(s) on " + p.ztunnelSocket;
+}
+
+std::string describeMount(const BpffsMount& m) {
+  return "bpffs " + m.device + " at " + m.mountPoint + ", " +
+         (m.outlivesNamespace ? "outlives this mount namespace" : "PRIVATE to this mount namespace") + " (" + m.why + ")";
+}
+
+std::string describeAgentBpffs(const agent::Health& h) {
+  std::string s = "sluiced " + h.version + " serving " + h.bpffsRoot + ": ";
+  if (h.bpffsScope == "host") return s + "its bpffs outlives its mount namespace (" + h.bpffsScopeWhy + ")";
+  if (h.bpffsScope == "private")
+    return s + "its bpffs is PRIVATE to its mount namespace (" + h.bpffsScopeWhy +
+           "): every pod's redirection vanishes when the agent exits (it was started with --allow-private-bpffs)";
+  return s + "does not report where its bpffs lives";
+}
+
+}  // namespace
+
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy,
+                         const BpffsReport* bpffs) {
   Status minimum = checkMinimumFeatures(r);
   auto [mode, modeWhy] = resolvedTcMode(r, requested);
   if (json) {
@@ -272,6 +362,38 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
         {"pod_cookie", {{"method", podCookieMethodName(r.cookieMethod)}, {"why", r.cookieMethodHow}}},
         {"reuseport_proxies", r.reuseportAssign.present},
         {"features", features}};
+    if (proxy) {
+      nlohmann::json cgroups = nlohmann::json::array();
+      for (const auto& c : proxy->identity.cgroups) cgroups.push_back({{"id", c.id}, {"pid", c.pid}, {"since_ns", c.sinceNs}});
+      j["node_proxy"] = {{"pinned", proxy->pinned},
+                         {"mark", proxy->mark},
+                         {"mark_mask", proxy->mask},
+                         {"cgroup_check", proxy->identity.cgroupCheck},
+                         {"cgroups", cgroups},
+                         {"identity", describeProxyIdentity(*proxy)},
+                         {"ztunnel", describeZtunnel(*proxy)}};
+      if (proxy->agent)
+        j["node_proxy"]["ztunnel_connections"] = proxy->ztunnelConnections;
+    }
+    if (bpffs) {
+      nlohmann::json local = {{"root", bpffs->root}};
+      if (bpffs->local)
+        local.update({{"mount_point", bpffs->local->mountPoint},
+                      {"device", bpffs->local->device},
+                      {"propagation", bpffs->local->propagation},
+                      {"outlives_namespace", bpffs->local->outlivesNamespace},
+                      {"why", bpffs->local->why}});
+      else
+        local["error"] = bpffs->localNote;
+      j["bpffs"] = local;
+      j["agent"] = nullptr;
+      if (bpffs->agent)
+        j["agent"] = {{"socket", bpffs->socket},
+                      {"version", bpffs->agent->version},
+                      {"bpffs", bpffs->agent->bpffsRoot},
+                      {"bpffs_scope", bpffs->agent->bpffsScope},
+                      {"bpffs_scope_why", bpffs->agent->bpffsScopeWhy}};
+    }
     return j.dump(2) + "\n";
   }
   std::ostringstream o;
@@ -282,7 +404,18 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json) {
   o << "reuseport proxies  "
     << (r.reuseportAssign.present ? "yes"
                                   : "NO: run the proxy without SO_REUSEPORT, or it receives no redirected traffic")
-    << "\n\nfeatures:\n";
+    << "\n";
+  if (proxy) {
+    o << "node proxy         " << describeProxyIdentity(*proxy) << "\n";
+    o << "ztunnel            " << describeZtunnel(*proxy) << "\n";
+  }
+  if (bpffs) {
+    o << "bpffs              " << bpffs->root << ": "
+      << (bpffs->local ? describeMount(*bpffs->local) : bpffs->localNote) << "\n";
+    o << "agent              "
+      << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
+  }
+  o << "\nfeatures:\n";
   for (const auto& row : statusRows(r)) {
     o << "  " << std::left << std::setw(23) << row.name << std::setw(5) << (row.feature->present ? "yes" : "no")
       << row.why << "\n";
@@ -403,7 +536,22 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
     // Probing needs no pinned state: no bpffs root, no lock.
     auto features = probeKernelFeatures();
     if (!features.ok()) return fail(features.error());
-    out << formatStatus(*features, cmd.tcMode, cmd.json);
+    ProxyStatus proxy;
+    auto pinned = readPinnedProxyIdentity(cmd.bpffsRoot, proxy.mark, proxy.mask);
+    if (pinned.ok() && *pinned) {
+      proxy.pinned = true;
+      proxy.identity = **pinned;
+    }
+    std::optional<agent::Health> health;
+    if (auto client = agent::Client::connect(cmd.socketPath, std::chrono::seconds(2)); client.ok())
+      if (auto h = client->health(); h.ok()) health = *h;
+    if (health && health->bpffsRoot == cmd.bpffsRoot) {
+      proxy.agent = true;
+      proxy.ztunnelSocket = health->ztunnelSocket;
+      proxy.ztunnelConnections = health->ztunnelConnections;
+    }
+    BpffsReport bpffs = inspectBpffsForStatus(cmd, health);
+    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy, &bpffs);
     Status minimum = checkMinimumFeatures(*features);
     return minimum.ok() ? 0 : fail(minimum.error());
   }

@@ -6,9 +6,11 @@
 #include <string>
 #include <vector>
 
+#include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/features.h"
 #include "loader/result.h"
+#include "userspace/agent/protocol.h"
 
 namespace sluice::cli {
 
@@ -50,10 +52,40 @@ std::string formatError(const Error& e);
 std::string formatPodList(const std::vector<PodInfo>& pods, bool json);
 std::string formatStats(const std::vector<PodCounters>& stats, bool json);
 
+/// What `sluicectl status` says about the pinned state's bpffs: whether it
+/// outlives the mount namespace, as this process sees it and as the agent
+/// that answers on the socket does (the agent may run in a container).
+struct BpffsReport {
+  std::string root;
+  std::optional<BpffsMount> local;  ///< nullopt: root not on a bpffs here
+  std::string localNote;            ///< why local is missing
+  std::string socket;
+  std::optional<agent::Health> agent;  ///< nullopt: no agent answers
+};
+
+/// Fills BpffsReport for cmd's --bpffs (this process's view) and the
+/// health of the agent answering on --socket (nullopt: none).
+BpffsReport inspectBpffsForStatus(const Command& cmd, const std::optional<agent::Health>& agent);
+
+/// What `sluicectl status` shows of the node proxy: how its traffic is told
+/// apart (rule 5: the mark, and the proxy's cgroups once known) and its ZDS
+/// connections when an agent answers.
+struct ProxyStatus {
+  bool pinned = false;  ///< pinned state found under the bpffs root
+  uint32_t mark = 0, mask = 0;
+  ProxyIdentity identity;
+  bool agent = false;         ///< an agent answered for this root
+  std::string ztunnelSocket;  ///< the agent's ZDS socket ("" : no hand-off)
+  uint64_t ztunnelConnections = 0;
+};
+
 /// Renders the kernel feature report for `sluicectl status`: the kernel,
 /// each feature (yes/no, why sluice needs it, how it was decided), the
 /// attach mode `requested` resolves to, the pod-cookie method and whether
-/// SO_REUSEPORT proxies can be served.
-std::string formatStatus(const FeatureReport& r, TcMode requested, bool json);
+/// SO_REUSEPORT proxies can be served; with @p proxy, the node proxy's
+/// identity; with @p bpffs, whether the pinned state outlives its mount
+/// namespace.
+std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy = nullptr,
+                         const BpffsReport* bpffs = nullptr);
 
 }  // namespace sluice::cli

@@ -1,5 +1,7 @@
 // sluice-standin: the ztunnel stand-in as a program, for live demos. One JSON
-// object per line on stdout for every event; logs go to stderr.
+// object per line on stdout for every event; logs go to stderr. Per pod
+// (--netns, or the current namespace) or as the node proxy that gets its
+// pods from the node agent over ZDS (--zds).
 #include <signal.h>
 
 #include <spdlog/sinks/stdout_color_sinks.h>
@@ -12,6 +14,7 @@
 #include <optional>
 #include <string>
 
+#include "userspace/standin/node_proxy.h"
 #include "userspace/standin/standin.h"
 
 namespace {
@@ -24,6 +27,12 @@ constexpr const char* kUsage =
     "Options:\n"
     "  --netns PATH          open every socket in that network namespace\n"
     "                        (e.g. /run/netns/NAME)\n"
+    "  --zds PATH            be the node proxy: connect to the node agent's ZDS\n"
+    "                        socket (retrying while nobody listens) and run the\n"
+    "                        listeners inside each pod it hands over; prints the\n"
+    "                        per-pod events (add, del, snapshot, proxy-*) too\n"
+    "  --retry-interval MS   with --zds: retry a pod whose proxy failed to start\n"
+    "                        this often, default 5000\n"
     "  --no-ipv6             0.0.0.0 listeners and DNS on 127.0.0.1 only\n"
     "  --no-reuseport        no SO_REUSEPORT on listeners\n"
     "  --no-transparent      no IP_TRANSPARENT on the relay/HBONE listeners\n"
@@ -84,11 +93,68 @@ void printLine(const std::string& line) {
   std::fflush(stdout);
 }
 
+/// Starts the stand-in with @p start, prints {"ready":true} (no event line
+/// comes before it) and serves until SIGINT/SIGTERM; 1 when it cannot start.
+template <typename Start>
+int serveUntilSignal(Start start, const sigset_t& signals) {
+  std::unique_lock readyLock(stdoutMutex);
+  auto running = start();
+  if (!running) {
+    std::fprintf(stderr, "sluice-standin: %s\n", running.error().message.c_str());
+    return 1;
+  }
+  std::fputs("{\"ready\":true}\n", stdout);
+  std::fflush(stdout);
+  readyLock.unlock();
+  int sig = 0;
+  while (sigwait(&signals, &sig) != 0) {
+  }
+  (*running)->stop();
+  return 0;
+}
+
+/// The JSON fields of one connection/query (without braces).
+std::string connectionFields(const sluice::ProxyEvent& ev) {
+  return "\"listener\":" + jsonString(ev.listener) + ",\"port\":" + std::to_string(ev.listenerPort) +
+         ",\"orig_dst\":" + jsonString(ev.origDst) + ",\"peer\":" + jsonString(ev.peer) +
+         ",\"detail\":" + jsonString(ev.detail);
+}
+
+/// --zds: the node proxy until SIGINT/SIGTERM. Connection lines carry the
+/// pod's uid; every other event is {"event": TYPE, ...}.
+int runNodeProxy(const sluice::StandInConfig& perPod, const std::string& zdsPath, long retryMs,
+                 const sigset_t& signals) {
+  sluice::NodeProxyConfig config;
+  sluice::StandInConfig proxy = perPod;
+  // ztunnel decides per pod whether it has IPv6; --no-ipv6 turns it off.
+  proxy.detectIpv6 = perPod.ipv6;
+  proxy.backlog = sluice::NodeProxyConfig::defaultProxyConfig().backlog;
+  config.proxy = proxy;
+  config.zdsPath = zdsPath;
+  config.retryInterval = std::chrono::milliseconds(retryMs);
+  config.onEvent = [](const sluice::NodeProxyEvent& e) {
+    if (e.type == "connection") {
+      printLine("{\"uid\":" + jsonString(e.uid) + "," + connectionFields(e.proxy) + "}");
+      return;
+    }
+    std::string line = "{\"event\":" + jsonString(e.type);
+    if (e.connection) line += ",\"connection\":" + std::to_string(e.connection);
+    if (!e.uid.empty()) {
+      line += ",\"uid\":" + jsonString(e.uid) + ",\"name\":" + jsonString(e.name) +
+              ",\"namespace\":" + jsonString(e.ns);
+    }
+    printLine(line + ",\"detail\":" + jsonString(e.detail) + "}");
+  };
+  return serveUntilSignal([&] { return sluice::NodeProxyStandIn::start(config); }, signals);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   sluice::StandInConfig config;
   bool verbose = false;
+  std::string zdsPath;
+  long retryMs = 5000;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     auto value = [&]() -> std::string {
@@ -106,6 +172,14 @@ int main(int argc, char** argv) {
       return 0;
     } else if (arg == "--netns") {
       config.netnsPath = value();
+    } else if (arg == "--zds") {
+      zdsPath = value();
+      if (zdsPath.empty()) usageError("--zds needs a path");
+    } else if (arg == "--retry-interval") {
+      std::string v = value();
+      auto n = parseNumber(v, 3600 * 1000);
+      if (!n || *n == 0) usageError("invalid retry interval '" + v + "' (milliseconds, 1..3600000)");
+      retryMs = static_cast<long>(*n);
     } else if (arg == "--no-ipv6") {
       config.ipv6 = false;
     } else if (arg == "--no-reuseport") {
@@ -138,6 +212,10 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (!zdsPath.empty() && !config.netnsPath.empty()) {
+    usageError("--zds and --netns exclude each other (the node proxy gets each pod's netns over ZDS)");
+  }
+
   // stdout carries the JSON lines only.
   auto logger = spdlog::stderr_color_mt("sluice-standin");
   spdlog::set_default_logger(logger);
@@ -151,27 +229,9 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
 
-  config.onEvent = [](const sluice::ProxyEvent& ev) {
-    printLine("{\"listener\":" + jsonString(ev.listener) +
-              ",\"port\":" + std::to_string(ev.listenerPort) +
-              ",\"orig_dst\":" + jsonString(ev.origDst) + ",\"peer\":" + jsonString(ev.peer) +
-              ",\"detail\":" + jsonString(ev.detail) + "}");
-  };
+  if (!zdsPath.empty()) return runNodeProxy(config, zdsPath, retryMs, signals);
 
-  // Held until "ready" is out, so no event line comes before it.
-  std::unique_lock readyLock(stdoutMutex);
-  auto standIn = sluice::ProxyStandIn::start(config);
-  if (!standIn) {
-    std::fprintf(stderr, "sluice-standin: %s\n", standIn.error().message.c_str());
-    return 1;
-  }
-  std::fputs("{\"ready\":true}\n", stdout);
-  std::fflush(stdout);
-  readyLock.unlock();
+  config.onEvent = [](const sluice::ProxyEvent& ev) { printLine("{" + connectionFields(ev) + "}"); };
 
-  int sig = 0;
-  while (sigwait(&signals, &sig) != 0) {
-  }
-  (*standIn)->stop();
-  return 0;
+  return serveUntilSignal([&] { return sluice::ProxyStandIn::start(config); }, signals);
 }

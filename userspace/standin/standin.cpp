@@ -360,6 +360,8 @@ class Session {
   virtual void onEvent(int side, uint32_t events) = 0;
   /// Called when the deadline this session asked for has passed.
   virtual void onDeadline() {}
+  /// Called when the stand-in stops, before its sockets close.
+  virtual void onStop() {}
   /// True once the session can be destroyed.
   bool finished() const { return finished_; }
 
@@ -373,7 +375,9 @@ class Server {
   Server(const StandInConfig& config, EventLog& log, std::atomic<size_t>& connections)
       : config_(config), log_(log), connections_(connections) {}
 
-  Status open(int wakeFd);
+  /// Opens every socket: relay listeners on [::] when @p listenV6 (else
+  /// 0.0.0.0), DNS on 127.0.0.1 and, when @p dnsV6, on ::1.
+  Status open(int wakeFd, bool listenV6, bool dnsV6);
   void run();
 
   const StandInConfig& config() const { return config_; }
@@ -756,6 +760,8 @@ class Relay final : public Session {
     close();
   }
 
+  void onStop() override { abort(); }
+
   void abort() {
     if (client_.valid()) setLingerZero(client_.get());
     if (upstream_.valid()) setLingerZero(upstream_.get());
@@ -864,7 +870,7 @@ Status Server::openTcpListener(Kind kind, uint16_t port, int family, const SockA
     if (!st) spdlog::warn("standin: {}", st.error().message);
   }
   if (::bind(fd.get(), addr.raw(), addr.len) != 0) return Error::fromErrno(errno, what + ": bind");
-  if (::listen(fd.get(), 1024) != 0) return Error::fromErrno(errno, what + ": listen");
+  if (::listen(fd.get(), config_.backlog) != 0) return Error::fromErrno(errno, what + ": listen");
   auto listener = std::make_unique<TcpListener>(*this, kind, port, std::move(fd));
   auto* raw = listener.get();
   raw->registerWith(add(std::move(listener)));
@@ -901,7 +907,7 @@ Status Server::openDnsUdp(int family, const SockAddr& addr) {
   return {};
 }
 
-Status Server::open(int wakeFd) {
+Status Server::open(int wakeFd, bool listenV6, bool dnsV6) {
   if (::inet_pton(AF_INET, config_.dnsAnswerV4.c_str(), &answerV4_) != 1) {
     return Error::msg("invalid dnsAnswerV4 '" + config_.dnsAnswerV4 + "'", EINVAL);
   }
@@ -925,8 +931,8 @@ Status Server::open(int wakeFd) {
     return Error::fromErrno(errno, "epoll_ctl");
   }
 
-  int family = config_.ipv6 ? AF_INET6 : AF_INET;
-  SockAddr any = config_.ipv6 ? makeV6(in6addr_any, 0) : makeV4(in_addr{htonl(INADDR_ANY)}, 0);
+  int family = listenV6 ? AF_INET6 : AF_INET;
+  SockAddr any = listenV6 ? makeV6(in6addr_any, 0) : makeV4(in_addr{htonl(INADDR_ANY)}, 0);
   const std::array<std::pair<Kind, uint16_t>, 3> relayListeners = {
       {{Kind::Outbound, config_.outboundPort},
        {Kind::Inbound, config_.inboundPort},
@@ -939,12 +945,17 @@ Status Server::open(int wakeFd) {
   SockAddr lo4 = makeV4(in_addr{htonl(INADDR_LOOPBACK)}, config_.dnsPort);
   SLUICE_TRY(openDnsUdp(AF_INET, lo4));
   SLUICE_TRY(openTcpListener(Kind::DnsTcp, config_.dnsPort, AF_INET, lo4, false));
-  if (config_.ipv6) {
+  if (dnsV6) {
     SockAddr lo6 = makeV6(in6addr_loopback, config_.dnsPort);
     SLUICE_TRY(openDnsUdp(AF_INET6, lo6));
     SLUICE_TRY(openTcpListener(Kind::DnsTcp, config_.dnsPort, AF_INET6, lo6, false));
   }
   return {};
+}
+
+bool canBind(const SockAddr& addr) {
+  Fd probe(::socket(addr.family(), SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  return probe.valid() && ::bind(probe.get(), addr.raw(), addr.len) == 0;
 }
 
 bool Server::isOwnRelayListener(const SockAddr& target) const {
@@ -1024,7 +1035,13 @@ void Server::run() {
     }
     for (int i = 0; i < n; ++i) {
       uint64_t token = events[static_cast<size_t>(i)].data.u64;
-      if (token == kWakeToken) return;
+      if (token == kWakeToken) {
+        // Stopping is abrupt, as a killed proxy's is: every relayed
+        // connection is reset, never half-closed with a FIN that would look
+        // like an answer to the app.
+        for (auto& [id, session] : sessions_) session->onStop();
+        return;
+      }
       // A session destroyed earlier in this batch is simply not found.
       auto it = sessions_.find(token >> 1);
       if (it == sessions_.end()) continue;
@@ -1075,9 +1092,22 @@ Result<std::unique_ptr<ProxyStandIn>> ProxyStandIn::start(const StandInConfig& c
         ready.set_value(Error::fromErrno(errno, "setns " + st->config.netnsPath));
         return;
       }
+    } else if (st->config.netnsFd >= 0) {
+      // The caller's fd stays valid until ready is set (start() waits).
+      if (::setns(st->config.netnsFd, CLONE_NEWNET) != 0) {
+        ready.set_value(Error::fromErrno(errno, "setns (netns fd " + std::to_string(st->config.netnsFd) + ")"));
+        return;
+      }
+    }
+    bool listenV6 = st->config.ipv6;
+    bool dnsV6 = st->config.ipv6;
+    if (st->config.detectIpv6) {
+      // ztunnel's test: can an IPv6 socket bind here at all, and on ::1?
+      listenV6 = canBind(makeV6(in6addr_any, 0));
+      dnsV6 = canBind(makeV6(in6addr_loopback, 0));
     }
     Server server(st->config, st->log, st->connections);
-    Status opened = server.open(st->wake.get());
+    Status opened = server.open(st->wake.get(), listenV6, dnsV6);
     bool ok = opened.ok();
     ready.set_value(std::move(opened));
     if (ok) server.run();

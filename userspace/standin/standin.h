@@ -1,5 +1,5 @@
 // A small proxy with ztunnel's socket contract (see
-// shared/spec/redirection.md, "The proxy's side of the contract"): the
+// docs/redirection.md, "The proxy's side of the contract"): the
 // listeners, marks and transparent sockets the data plane feeds, and a record
 // of everything it received. Tests use it in-process; `sluice-standin` wraps
 // it for live demos.
@@ -59,6 +59,15 @@ struct StandInConfig {
   /// When non-empty: every socket is created inside that network namespace
   /// (setns from the stand-in's own thread); the caller's thread never moves.
   std::string netnsPath;
+  /// When >= 0 (and netnsPath is empty): the same with an open netns fd, as
+  /// ztunnel receives it over ZDS. Borrowed: only used until start() returns.
+  int netnsFd = -1;
+  /// Decide `ipv6` inside the namespace at start, as ztunnel does per pod:
+  /// `[::]` dual-stack listeners when the namespace has IPv6 at all (else
+  /// `0.0.0.0`), DNS also on `[::1]` when its loopback has ::1.
+  bool detectIpv6 = false;
+  /// listen() backlog of the TCP listeners (ztunnel uses 128).
+  int backlog = 1024;
   /// When non-empty ("1.2.3.4:80" or "[::1]:80"), the outbound and inbound
   /// relays connect there instead of to the original destination (still
   /// marked, inbound still with the client's address as source). For tests

@@ -22,6 +22,10 @@ mount -t bpf bpf /sys/fs/bpf
 mkdir -p /dev/pts /dev/shm
 mount -t devpts devpts /dev/pts
 mount -t tmpfs tmpfs /dev/shm
+# A node has its cgroups mounted (v2 here): the node proxy's identity is its
+# sockets' cgroup, and the Kubernetes netns-discovery tests put processes
+# into cgroups named like kubelet's.
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
 # The kernel loads veth, sch_ingress, cls_bpf... on demand through
 # modprobe, which reads the tree of the booted kernel.
 mkdir -p /lib/modules && mount --bind "$SLUICE_MODULES" /lib/modules

@@ -1,0 +1,123 @@
+// The node agent's side of ZDS: a SOCK_SEQPACKET listener that ztunnel
+// connects to; each connection says hello, gets a snapshot of every enrolled
+// pod (its netns fd or a Keep), then one request at a time, each answered by
+// one ack. Adds go to the newest connection, deletes to all of them.
+//
+// Threads: one accepting thread, one thread per connection (it owns that
+// socket: only it sends and reads), one notifier thread for onSnapshotAck.
+// add()/del() hand their request to a connection's thread and wait for the
+// ack; they may be called from any thread.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loader/fd.h"
+#include "loader/result.h"
+#include "userspace/agent/zds/workload.h"
+
+namespace sluice::zds {
+
+/// One pod of a snapshot: its netns (invalid Fd: sent as KeepWorkload, no fd).
+struct SnapshotEntry {
+  WorkloadInfo workload;
+  Fd netns;
+};
+
+/// A connected ztunnel (after its hello), from SO_PEERCRED.
+struct Peer {
+  uint64_t id;        ///< connection number, 1, 2, … in accept order
+  pid_t pid;
+  uid_t uid;
+  gid_t gid;
+  bool snapshotDone;  ///< SnapshotSent was acked
+};
+
+/// How the server listens and what it asks its owner.
+struct ServerOptions {
+  /// Removes a stale socket file first (refuses to remove anything that is
+  /// not a socket), listens SOCK_SEQPACKET.
+  std::string socketPath;
+  /// Wait for the hello; write a request; read its ack; between idle checks.
+  std::chrono::milliseconds helloTimeout{5000}, writeTimeout{5000}, ackTimeout{5000}, idleCheckInterval{5000};
+  /// Called for each new connection after its hello: the pods to snapshot
+  /// (read fresh each time). Runs on that connection's thread with no lock of
+  /// the server held; it may take the owner's locks even while another thread
+  /// holding them is inside add()/del() (those never wait for a connection
+  /// whose snapshot callback has not returned). Null: an empty snapshot.
+  std::function<std::vector<SnapshotEntry>()> snapshot;
+  /// Called for each new connection after its hello, before its snapshot,
+  /// on that connection's thread with no lock of the server held: the agent
+  /// learns the node proxy's process (SO_PEERCRED) before the proxy gets any
+  /// pod to open sockets for. Null: nothing.
+  std::function<void(const Peer&)> onConnected;
+  /// Called with every snapshot ack (error "" = success) so the agent can
+  /// record hand-off state. Runs on the server's notifier thread, in ack
+  /// order, never while add()/del() wait for it; may take the owner's locks.
+  std::function<void(const std::string& uid, const std::string& error)> onSnapshotAck;
+};
+
+
+/// The ZDS server. Thread-safe.
+class Server {
+ public:
+  /// Listens on options.socketPath and starts accepting.
+  static Result<std::unique_ptr<Server>> start(ServerOptions options);
+  /// stop().
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  /// Closes every connection and the listener, joins threads, unlinks the
+  /// socket file (unless another process has replaced it since). Waits for a
+  /// snapshot callback that is running and for onSnapshotAck calls already
+  /// queued: do not call it while holding a lock those callbacks take.
+  /// Idempotent.
+  void stop();
+
+  /// AddWorkload + its ack on the newest connection (the next newest when
+  /// that one is gone or breaks while sending). Fails — retryable, with a
+  /// clear message — when no ztunnel is connected ("no ztunnel connection",
+  /// EAGAIN), on a send/ack time-out (ETIMEDOUT; that connection is
+  /// dropped), or on an error ack (EPROTO, the message contains ztunnel's ack
+  /// text). An add issued while the newest connection is still sending its
+  /// snapshot is queued behind the snapshot on that connection. A connection
+  /// whose snapshot callback is still running is not waited for: it gets the
+  /// Add queued behind its snapshot once this add succeeded elsewhere; when
+  /// it is the only one, add fails with EAGAIN ("no ztunnel connection ready").
+  /// @p netnsFd is borrowed (duplicated where it must outlive the call).
+  Status add(const WorkloadInfo& workload, int netnsFd);
+
+  /// DelWorkload to every connection, one after the other (oldest first);
+  /// ack texts are ignored (logged); succeeds with no connection. A
+  /// connection that times out or breaks is dropped and the call fails
+  /// (ETIMEDOUT / EPROTO / EPIPE …) after trying the others; the dropped
+  /// ztunnel learns of the removal from its next snapshot. Connections still
+  /// preparing their snapshot get the Del queued behind it, unwaited.
+  Status del(const std::string& uid);
+
+  /// The connections that said hello, newest last.
+  std::vector<Peer> peers() const;
+
+  /// Prometheus text: sluice_ztunnel_connections (gauge),
+  /// sluice_ztunnel_requests_total{type=add|del|keep|snapshot_sent,
+  /// result=ok|error|timeout|no_connection}, sluice_ztunnel_ack_duration_seconds
+  /// (histogram).
+  void renderMetrics(std::string& out) const;
+
+  /// The listening socket's path.
+  const std::string& socketPath() const;
+
+ private:
+  struct Impl;
+  explicit Server(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace sluice::zds
