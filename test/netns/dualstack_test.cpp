@@ -136,8 +136,8 @@ TEST_P(DualStack, DnsOverUdpAndTcpIsAnsweredByProxy) {
 }
 
 // The proxy goes away mid-connection: the app sees a reset and the
-// destination sees nothing of what the app sends afterwards. The proxy's
-// socket closes (FIN) and lingers as a FIN_WAIT2 time-wait socket for
+// destination sees nothing of what the app sends afterwards. A proxy socket
+// that closed (FIN) would linger as a FIN_WAIT2 time-wait socket for
 // tcp_fin_timeout (1 s here); after that nothing in the pod owns the flow.
 // Fails on main for the dual-stack socket: without a remembered decision
 // its data went out to the server in clear (a v4 socket was reset).
@@ -158,8 +158,11 @@ TEST_P(DualStack, ProxyGoneMidConnectionResetsAppAndLeaksNothing) {
     const uint16_t appPort = localOf(c->get()).port();
 
     h_->stopStandIn();
-    auto eof = readSome(c->get(), 1);  // the proxy's FIN
-    ASSERT_TRUE(eof.ok() && eof->empty()) << "expected EOF from the proxy";
+    // The stopping stand-in resets the connections it relays, as a killed
+    // proxy's are; an EOF (a proxy that closed) leads to the same below.
+    auto gone = readSome(c->get(), 1);
+    ASSERT_TRUE((gone.ok() && gone->empty()) || (!gone.ok() && gone.error().code == ECONNRESET))
+        << "expected a reset or EOF from the proxy: " << (gone.ok() ? "data" : gone.error().message);
     std::this_thread::sleep_for(2500ms);  // the proxy's time-wait socket expires
 
     const std::string secret = "secret-after-the-proxy-went-away";
