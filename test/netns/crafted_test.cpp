@@ -72,10 +72,6 @@ const Shape kEightDstOpts{"eight_dstopts", [](Packet p) {
 
 using CraftedParam = std::tuple<TcMode, int>;
 
-std::string paramName(const ::testing::TestParamInfo<CraftedParam>& info) {
-  return std::string(modeName(std::get<0>(info.param))) + "_" + familyName(std::get<1>(info.param));
-}
-
 class Crafted : public ::testing::TestWithParam<CraftedParam> {
  protected:
   void SetUp() override {
@@ -269,10 +265,10 @@ TEST_P(Crafted, OutboundSynSentAsAnotherProtocolIsCaptured) {
 INSTANTIATE_TEST_SUITE_P(All, Crafted,
                          ::testing::Combine(::testing::Values(TcMode::Tcx, TcMode::Legacy),
                                             ::testing::Values(AF_INET, AF_INET6)),
-                         paramName);
+                         modeFamilyName);
 INSTANTIATE_TEST_SUITE_P(All, Crafted6,
                          ::testing::Combine(::testing::Values(TcMode::Tcx, TcMode::Legacy), ::testing::Values(AF_INET6)),
-                         paramName);
+                         modeFamilyName);
 
 }  // namespace
 }  // namespace sluice::test

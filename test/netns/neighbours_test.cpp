@@ -127,10 +127,6 @@ class ForeignProgram {
 
 using NeighbourParam = std::tuple<TcMode, int>;
 
-std::string paramName(const ::testing::TestParamInfo<NeighbourParam>& info) {
-  return std::string(modeName(std::get<0>(info.param))) + "_" + familyName(std::get<1>(info.param));
-}
-
 class Neighbours : public ::testing::TestWithParam<NeighbourParam> {
  protected:
   void SetUp() override {
@@ -372,7 +368,7 @@ TEST_P(Neighbours, SweepPutsSluiceFirstAgain) {
 INSTANTIATE_TEST_SUITE_P(All, Neighbours,
                          ::testing::Combine(::testing::Values(TcMode::Tcx, TcMode::Legacy),
                                             ::testing::Values(AF_INET, AF_INET6)),
-                         paramName);
+                         modeFamilyName);
 
 }  // namespace
 }  // namespace sluice::test
