@@ -363,6 +363,19 @@ void Agent::serveApi(int fd) {
                                                         std::to_string(options_.requestDeadline.count()) + " ms",
                                                     ETIMEDOUT)
                                        : line.error()));
+        // The client may still be sending the rest of an oversized line:
+        // closing now would fail its send (EPIPE) before it reads the
+        // answer. Drain it, bounded by the deadline and 1 MiB.
+        if (line.error().code == EMSGSIZE) {
+          ::shutdown(fd, SHUT_WR);
+          auto until = Clock::now() + options_.requestDeadline;
+          char sink[8192];
+          for (size_t drained = 0; drained < (1u << 20) && waitReadable(fd, until, "drain").ok();) {
+            ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
+            if (n <= 0) break;
+            drained += static_cast<size_t>(n);
+          }
+        }
       }
       return;
     }
