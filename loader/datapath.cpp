@@ -528,7 +528,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
     Status handed = hook->apply(have);
     SLUICE_TRY(setHandoff(id, handed.ok() ? HandoffState::Acked : HandoffState::Failed,
                           handed.ok() ? "" : handed.error().message));
-    SLUICE_TRY(handed);
+    if (hook->failureIsFatal) SLUICE_TRY(handed);
     auto now = programs_->pods.lookup(podKey(id));
     return now ? podInfoFromRecord(id, *now) : have;
   }
@@ -542,12 +542,17 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   if (st.ok()) st = programs_->podStats.update(rec.netns_cookie, zero);
   if (st.ok()) st = programs_->podConfig.update(rec.netns_cookie, rec.config);
   if (st.ok() && hook) {
-    st = hook->apply(podInfoFromRecord(id, rec));
-    handedOff = st.ok();
-    if (st.ok()) {
+    Status handed = hook->apply(podInfoFromRecord(id, rec));
+    // Tried, and (when a failure is not fatal) possibly half-done: a later
+    // failure takes the pod back from the node proxy.
+    handedOff = handed.ok() || !hook->failureIsFatal;
+    if (handed.ok())
       recordHandoff(rec, HandoffState::Acked, "");
-      st = programs_->pods.update(podKey(id), rec);
-    }
+    else if (!hook->failureIsFatal)
+      recordHandoff(rec, HandoffState::Failed, handed.error().message);
+    else
+      st = handed;
+    if (st.ok()) st = programs_->pods.update(podKey(id), rec);
   }
   if (st.ok() && spec.nodeNetnsPath) {
     st = addNodeSide(id, spec, podVethIfindex, peerIfindex, rec);
@@ -831,6 +836,68 @@ Status Datapath::setHandoff(const std::string& id, HandoffState state, const std
   Status st = programs_->pods.update(podKey(id), *rec, BPF_EXIST);
   if (!st.ok() && st.error().code == ENOENT) return {};
   return st;
+}
+
+Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const CaptureSettings& settings) {
+  SLUICE_TRY(validatePodId(id));
+  if (settings.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
+    return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " reroute interfaces", EINVAL);
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  SLUICE_TRY(lock);
+  auto rec = programs_->pods.lookup(podKey(id));
+  if (!rec) return notEnrolledError(id);
+
+  sluice_pod_config cfg = rec->config;
+  cfg.flags &= ~(SLUICE_POD_DNS_CAPTURE | SLUICE_POD_INBOUND_CAPTURE);
+  cfg.flags |= (settings.dnsCapture ? SLUICE_POD_DNS_CAPTURE : 0) | (settings.inboundCapture ? SLUICE_POD_INBOUND_CAPTURE : 0);
+  cfg.reroute_count = 0;
+  std::memset(cfg.reroute_ifindex, 0, sizeof(cfg.reroute_ifindex));
+  if (!settings.rerouteIfaces.empty()) {
+    // Names resolve in the pod's netns, as at enrollment; the programs run
+    // only on the interfaces attached then, so only those can reroute.
+    std::string path = fromFixed(rec->netns_path, sizeof(rec->netns_path));
+    auto ns = openNetns(path);
+    SLUICE_TRY(ns);
+    SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
+      auto cookie = currentNetnsCookie();
+      SLUICE_TRY(cookie);
+      if (*cookie != rec->netns_cookie)
+        return Error::msg("pod '" + id + "': " + path + " names another netns now", ESTALE);
+      auto links = listLinks();
+      SLUICE_TRY(links);
+      for (const auto& name : settings.rerouteIfaces) {
+        auto l = std::find_if(links->begin(), links->end(), [&](const LinkInfo& x) { return x.name == name; });
+        if (l == links->end())
+          return Error::msg("reroute interface '" + name + "' not found in netns " + path, ENODEV);
+        bool attached = false;
+        for (uint32_t i = 0; i < rec->iface_count && i < SLUICE_MAX_POD_IFACES; i++)
+          attached = attached || static_cast<int>(rec->ifaces[i].ifindex) == l->ifindex;
+        if (!attached)
+          return Error::msg("reroute interface '" + name + "' of pod '" + id +
+                                "' has no sluice programs (it appeared after the pod was enrolled); remove and add the pod",
+                            EINVAL);
+        cfg.reroute_ifindex[cfg.reroute_count++] = static_cast<__u32>(l->ifindex);
+      }
+      return {};
+    }));
+  }
+  if (sameConfig(cfg, rec->config)) return podInfoFromRecord(id, *rec);
+
+  sluice_pod_record updated = *rec;
+  updated.config = cfg;
+  // The record first: should the second write fail (or the process die in
+  // between), the sweep finds pod_config differing from the record and
+  // writes the record's, so the pod ends up with the settings asked for.
+  SLUICE_TRY(programs_->pods.update(podKey(id), updated, BPF_EXIST));
+  // One element replaced in one update: a packet sees the old config or the
+  // new one, never no config (which would pass it uncaptured).
+  if (Status st = programs_->podConfig.update(rec->netns_cookie, cfg, BPF_EXIST); !st.ok()) {
+    (void)programs_->pods.update(podKey(id), *rec, BPF_EXIST);
+    return st.error();
+  }
+  PodInfo before = podInfoFromRecord(id, *rec), after = podInfoFromRecord(id, updated);
+  spdlog::info("pod {}: settings changed in place ({} -> {})", id, describeConfig(before), describeConfig(after));
+  return after;
 }
 
 Status Datapath::reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held) {

@@ -48,11 +48,26 @@ struct DatapathOptions {
 /// An enrollment step outside the data plane, run by Datapath::addPod once
 /// the pod's redirection is in place and before the node side (probe SNAT)
 /// is, as Istio's agent orders it: the hand-off of the pod to the node
-/// proxy. `apply` failing fails the enrollment and rolls everything back;
-/// `undo` runs when a later step fails after `apply` succeeded.
+/// proxy. Its outcome is recorded in the registry (HandoffState).
+/// `undo` runs when a later step fails after `apply` was tried (and, when
+/// failures are fatal, succeeded).
 struct EnrollHook {
   std::function<Status(const PodInfo&)> apply;
   std::function<void(const PodInfo&)> undo;
+  /// true (the CNI path): `apply` failing fails the enrollment and rolls
+  /// everything back, so the runtime retries the sandbox. false (a running
+  /// pod enrolled by the Kubernetes controller): the redirection stays in
+  /// place with the hand-off recorded as failed, and addPod succeeds; the
+  /// caller retries the hand-off with addPod later (Istio's "pending").
+  bool failureIsFatal = true;
+};
+
+/// How an enrolled pod's traffic is captured: what Datapath::updatePodSettings
+/// changes in place (the PodSpec fields of the same names).
+struct CaptureSettings {
+  bool dnsCapture = true;
+  bool inboundCapture = true;
+  std::vector<std::string> rerouteIfaces;
 };
 
 /// A cgroup (v2) of the node proxy, as proxy_cgroups records it.
@@ -112,8 +127,20 @@ class Datapath {
   /// first (and a warning says so). Relative netns paths are refused. A
   /// failure half way rolls back everything it did. With @p hook, its apply
   /// runs after the redirection is in place (again for an enrolled pod: a
-  /// retried hand-off; failing then leaves the enrollment in place).
+  /// retried hand-off; failing then leaves the enrollment in place, and is
+  /// an error only when hook->failureIsFatal).
   Result<PodInfo> addPod(const PodSpec& spec, const EnrollHook* hook = nullptr);
+
+  /// Changes an enrolled pod's capture settings in place, without a gap in
+  /// capture: its pod_config entry (what the programs read) is replaced in
+  /// one map update, so every packet sees the old settings or the new ones.
+  /// Reroute interfaces are resolved to ifindexes in the pod's netns and
+  /// must be interfaces the programs are attached to. The registry record
+  /// follows (first, so a failure between the two is repaired by the sweep
+  /// towards the new settings). Same settings: nothing is written. Errors:
+  /// ENOENT (not enrolled), ENODEV (no such interface), EINVAL, and nothing
+  /// changed.
+  Result<PodInfo> updatePodSettings(const std::string& id, const CaptureSettings& settings);
 
   /// Records the outcome of a hand-off of pod @p id in the registry (no-op
   /// for a pod not enrolled). Takes no lock: callers serialize it with the

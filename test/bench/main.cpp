@@ -46,7 +46,7 @@ Status setSlice(int nice, int sliceUs) {
 }
 
 const std::vector<std::string> kWorkloads = {"conn_out", "conn_in", "rr_out", "rr_in", "bulk_out", "bulk_in", "dns"};
-const std::vector<std::string> kPhases = {"traffic", "bpf", "enroll", "scale"};
+const std::vector<std::string> kPhases = {"traffic", "bpf", "enroll", "scale", "kube"};
 
 void usage(std::ostream& o) {
   o << R"(usage: sluice-bench [options]
@@ -67,12 +67,13 @@ no DNS). Needs root.
   --dns-concurrency N   DNS queries in flight (16)
   --pods N              pods per path for enroll/removal times (200)
   --scale-pods N        pods enrolled for the scale test (1000)
+  --kube-pods N         running pods of the namespace labelled at once (250)
   --cli-pods N          pods added/removed with the sluicectl process (20)
   --bpf-duration S      seconds per workload with BPF run-time stats on (1)
   --micro-runs N        BPF_PROG_TEST_RUN runs per packet kind (5000)
   --cases LIST          comma-separated subset of the cases
   --workloads LIST      subset of conn_out,conn_in,rr_out,rr_in,bulk_out,bulk_in,dns
-  --phases LIST         subset of traffic,bpf,enroll,scale
+  --phases LIST         subset of traffic,bpf,enroll,scale,kube
   --rules-dir DIR       Istio's rule files (<source>/test/bench/istio)
   --json PATH           write every figure as JSON
   --chart PATH          write an SVG chart of the rates and latencies
@@ -313,6 +314,7 @@ int parseArgs(int argc, char** argv, Config& c) {
     c.warmup = 0.05;
     c.enrollPods = 20;
     c.scalePods = 50;
+    c.kubePods = 20;
     c.cliPods = 3;
     c.bpfDuration = 0.2;
     c.microRuns = 300;
@@ -340,6 +342,7 @@ int parseArgs(int argc, char** argv, Config& c) {
     else if (o == "--dns-concurrency") c.dnsConcurrency = static_cast<int>(num());
     else if (o == "--pods") c.enrollPods = static_cast<int>(num());
     else if (o == "--scale-pods") c.scalePods = static_cast<int>(num());
+    else if (o == "--kube-pods") c.kubePods = static_cast<int>(num());
     else if (o == "--cli-pods") c.cliPods = static_cast<int>(num());
     else if (o == "--bpf-duration") c.bpfDuration = num();
     else if (o == "--micro-runs") c.microRuns = static_cast<int>(num());
@@ -378,7 +381,7 @@ int parseArgs(int argc, char** argv, Config& c) {
     }
   }
   if (c.rounds < 1 || c.duration <= 0 || c.warmup < 0 || c.connConcurrency < 1 || c.rrConnections < 1 ||
-      c.dnsConcurrency < 1 || c.enrollPods < 1 || c.scalePods < 1 || c.cliPods < 0 || c.bpfDuration <= 0 || c.microRuns < 1)
+      c.dnsConcurrency < 1 || c.enrollPods < 1 || c.scalePods < 1 || c.kubePods < 1 || c.cliPods < 0 || c.bpfDuration <= 0 || c.microRuns < 1)
     throw std::invalid_argument("counts and durations must be positive");
   if (c.pin && onlineCpus() >= 2) {
     c.clientCpu = 0;
@@ -578,6 +581,11 @@ int main(int argc, char** argv) {
       res.handoff = runHandOffBench(c.enrollPods, modes);
       settle("hand-off");
     }
+  }
+  if (c.hasPhase("kube") && !gStop) {
+    std::cerr << "kube: " << c.kubePods << " running pods, their namespace labelled ambient at once\n";
+    res.kube = runKubeScaleBench(c.kubePods);
+    settle("kube");
   }
   if (gStop) res.errors.push_back("interrupted");
   res.seconds = secondsSince(t0);

@@ -11,6 +11,7 @@
 
 #include "test/bench/cases.h"
 #include "test/bench/enroll.h"
+#include "test/bench/kube.h"
 #include "test/bench/micro.h"
 
 namespace sluice::bench {
@@ -25,6 +26,7 @@ struct Config {
   int dnsConcurrency = 16;
   int enrollPods = 200;
   int scalePods = 1000;
+  int kubePods = 250;  ///< running pods of the labelled namespace (kube phase)
   int cliPods = 20;
   double bpfDuration = 1.0;
   int microRuns = 5000;
@@ -97,6 +99,7 @@ struct Results {
   std::optional<CliResult> cli;
   std::vector<HandOffResult> handoff;  ///< sluice-cni -> agent -> ZDS ack, per mode
   std::optional<ScaleResult> scale;
+  std::optional<KubeScaleResult> kube;  ///< a namespace labelled ambient at node scale
   std::vector<Target> targets;
   std::vector<std::string> errors;  ///< phase-level failures
   std::vector<std::string> roundLoad;  ///< load average when each round started

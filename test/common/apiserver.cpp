@@ -181,6 +181,17 @@ Result<json> TestApiServer::createPod(const TestPod& p) {
   return (*r)["results"][0];
 }
 
+Status TestApiServer::createNodeAgentPod() {
+  SLUICE_TRY(createNamespace("sluice-system"));
+  TestPod agent;
+  agent.namespaceName = "sluice-system";
+  agent.name = "sluice-node-x";
+  agent.hostNetwork = true;
+  agent.ips = {"192.0.2.10"};
+  SLUICE_TRY(createPod(agent));
+  return {};
+}
+
 Status TestApiServer::patchPod(const std::string& ns, const std::string& name, const json& mergePatch) {
   SLUICE_TRY(apply(json::array({{{"op", "patch"}, {"kind", "pods"}, {"namespace", ns}, {"name", name}, {"patch", mergePatch}}})));
   return {};

@@ -76,6 +76,10 @@ class TestApiServer {
   Result<nlohmann::json> createPod(const TestPod& p);
   Status patchPod(const std::string& ns, const std::string& name, const nlohmann::json& mergePatch);
   Status deletePod(const std::string& ns, const std::string& name);
+  /// The node agent's own pod (sluice-system/sluice-node-x, hostNetwork,
+  /// on node-a): on a real node it always runs, so the controller never sees
+  /// an empty node (which it does not trust to remove pods).
+  Status createNodeAgentPod();
   /// The object as the server holds it now; nullopt when absent.
   Result<std::optional<nlohmann::json>> object(const std::string& kind, const std::string& ns, const std::string& name);
 

@@ -606,12 +606,14 @@ void UdpServer::serve() {
     from.len = sizeof(from.ss);
     ssize_t n = ::recvfrom(sock_.get(), buf, sizeof(buf), MSG_DONTWAIT, from.raw(), &from.len);
     if (n < 0) continue;
-    ::sendto(sock_.get(), buf, static_cast<size_t>(n), MSG_DONTWAIT, from.raw(), from.len);
+    // Recorded before the echo: a client that has its answer finds the
+    // query in received().
     {
       std::lock_guard lock(mutex_);
       received_.push_back(Datagram{from, std::string(buf, static_cast<size_t>(n))});
     }
     cv_.notify_all();
+    ::sendto(sock_.get(), buf, static_cast<size_t>(n), MSG_DONTWAIT, from.raw(), from.len);
   }
 }
 

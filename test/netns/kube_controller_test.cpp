@@ -144,14 +144,7 @@ class KubeController : public test::ApiServerTest {
     ASSERT_TRUE(cgroups_.ok()) << cgroups_.error();
     test::ApiServerTest::SetUp();
     if (HasFatalFailure()) return;
-    ASSERT_TRUE(server_->createNamespace("sluice-system").ok());
-    // The agent's own pod: host network, on this node, never enrolled.
-    TestPod agent;
-    agent.namespaceName = "sluice-system";
-    agent.name = "sluice-node-x";
-    agent.hostNetwork = true;
-    agent.ips = {"192.0.2.10"};
-    ASSERT_TRUE(server_->createPod(agent).ok());
+    ASSERT_TRUE(server_->createNodeAgentPod().ok());
   }
 
   void TearDown() override {
@@ -338,6 +331,55 @@ TEST_F(KubeController, ApiServerAwayRemovesNothingThenCatchesUp) {
   ASSERT_TRUE(eventually([&] { return !dataplane_.enrolled(b); }));
   EXPECT_TRUE(dataplane_.enrolled(a));
   EXPECT_EQ(dataplane_.count("unenroll "), 1u);
+}
+
+// A static pod: the runtime passes the static pod's UID, the API holds its
+// mirror with another UID and the static one in kubernetes.io/config.mirror.
+// The CNI question is answered for the mirror (from the cache, and from a
+// direct GET); another UID is still refused.
+TEST_F(KubeController, StaticPodIsFoundByItsMirrorAnnotation) {
+  ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
+  const std::string staticUid = "5fa1e7c0-0000-4000-8000-00000000cafe";
+  TestPod mirror;
+  mirror.namespaceName = "shop";
+  mirror.name = "etcd-node-a";
+  mirror.uid = test::randomPodUid();
+  mirror.phase = "Pending";
+  mirror.annotations = {{"kubernetes.io/config.mirror", staticUid}};
+  ASSERT_TRUE(server_->createPod(mirror).ok());
+  TestPod elsewhere = mirror;
+  elsewhere.name = "static-elsewhere";
+  elsewhere.uid = test::randomPodUid();
+  elsewhere.node = "node-b";
+  ASSERT_TRUE(server_->createPod(elsewhere).ok());
+  startController(options());
+
+  auto a = controller_->podDecision({"shop", "etcd-node-a", staticUid});
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  EXPECT_TRUE(a->enroll);
+  EXPECT_TRUE(a->fromCache);
+  EXPECT_EQ(a->pod.uid, mirror.uid);
+  auto direct = controller_->podDecision({"shop", "static-elsewhere", staticUid});
+  ASSERT_TRUE(direct.ok()) << direct.error().message;
+  EXPECT_FALSE(direct->fromCache);
+  EXPECT_EQ(direct->pod.uid, elsewhere.uid);
+  auto other = controller_->podDecision({"shop", "etcd-node-a", "11111111-2222-3333-4444-555555555555"});
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.error().code, ESTALE);
+}
+
+// A selected running pod that is being deleted (deletionTimestamp set) is
+// never enrolled live: its sandbox is going away.
+TEST_F(KubeController, TerminatingPodIsNotEnrolledLive) {
+  ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
+  std::string going = runningPod("shop", "going", "10.80.9.1");
+  std::string stays = runningPod("shop", "stays", "10.80.9.2");
+  ASSERT_TRUE(server_->patchPod("shop", "going", {{"metadata", {{"deletionTimestamp", "2026-01-01T00:00:00Z"}}}}).ok());
+  startController(options());
+  ASSERT_TRUE(eventually([&] { return dataplane_.enrolled(stays); }));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_FALSE(dataplane_.enrolled(going));
+  EXPECT_EQ(dataplane_.count("enroll "), 1u);
 }
 
 TEST_F(KubeController, ReconcilesTheRegistryAtStart) {

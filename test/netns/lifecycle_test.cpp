@@ -107,6 +107,9 @@ class LifecycleBase : public ::testing::Test {
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
   void TearDown() override { h_.reset(); }
+  /// An enrollment whose node side fails after the hand-off returned
+  /// @p handOffResult (EnrollHook::failureIsFatal = @p fatal).
+  void expectNodeSideFailureUndoesHandOff(bool fatal, Status handOffResult);
 
   PodPrograms& maps() { return h_->datapath().programs(); }
 
@@ -371,6 +374,17 @@ struct RecordingHook {
   int applied = 0, undone = 0;
   bool redirectionOn = false, probeAddressesIn = false, recordIn = false;
   Status result;
+  /// apply returns `result` (changed by the test between adds), undo counts.
+  explicit RecordingHook(Status first = {}, bool fatal = true) : result(std::move(first)) {
+    hook.failureIsFatal = fatal;
+    hook.apply = [this](const PodInfo&) {
+      applied++;
+      return result;
+    };
+    hook.undo = [this](const PodInfo&) { undone++; };
+  }
+  RecordingHook(const RecordingHook&) = delete;
+  RecordingHook& operator=(const RecordingHook&) = delete;
 };
 
 // Istio's order: the hand-off runs once the redirection is in place and
@@ -412,13 +426,7 @@ TEST_P(Lifecycle, HandOffRunsBetweenRedirectionAndProbeSnat) {
 
 // A failed hand-off fails the enrollment and leaves nothing of it.
 TEST_P(Lifecycle, FailedHandOffRollsBackEverything) {
-  RecordingHook r;
-  r.result = Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN);
-  r.hook.apply = [&](const PodInfo&) {
-    r.applied++;
-    return r.result;
-  };
-  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+  RecordingHook r(Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN));
   PodSpec spec;
   spec.nodeNetnsPath = h_->node().path();
   auto cookie = h_->pod().cookie();
@@ -434,14 +442,11 @@ TEST_P(Lifecycle, FailedHandOffRollsBackEverything) {
 }
 
 // A step after the hand-off fails (the node side: no host-side veth in the
-// node netns given): the hand-off is undone with the rest.
-TEST_P(Lifecycle, FailureAfterHandOffUndoesIt) {
-  RecordingHook r;
-  r.hook.apply = [&](const PodInfo&) {
-    r.applied++;
-    return Status();
-  };
-  r.hook.undo = [&](const PodInfo&) { r.undone++; };
+// node netns given): the hand-off is undone with the rest — also after a
+// hand-off that failed without being fatal (a running pod's), since it may
+// have been half done.
+void LifecycleBase::expectNodeSideFailureUndoesHandOff(bool fatal, Status handOffResult) {
+  RecordingHook r(handOffResult, fatal);
   TestNetns elsewhere("node2");
   ASSERT_TRUE(elsewhere.ok()) << elsewhere.error();
   PodSpec spec;
@@ -454,6 +459,12 @@ TEST_P(Lifecycle, FailureAfterHandOffUndoesIt) {
   EXPECT_EQ(r.applied, 1);
   EXPECT_EQ(r.undone, 1);
   expectNoPodState(h_->pod().name(), *cookie, &h_->pod());
+}
+
+TEST_P(Lifecycle, FailureAfterHandOffUndoesIt) { expectNodeSideFailureUndoesHandOff(true, Status()); }
+
+TEST_P(Lifecycle, FailureAfterNonFatalHandOffFailureUndoesIt) {
+  expectNodeSideFailureUndoesHandOff(false, Error::msg("hand-off failed", EAGAIN));
 }
 
 // Adding an enrolled pod again retries its hand-off; a failure then is
@@ -479,6 +490,33 @@ TEST_P(Lifecycle, RetriedAddRetriesTheHandOff) {
   EXPECT_EQ(third->handoff, HandoffState::Acked);
   EXPECT_EQ(r.applied, 3);
 }
+
+// A running pod enrolled by the Kubernetes controller: a hand-off failure
+// is not fatal. The redirection and the node side stay, the failure is
+// recorded, the add succeeds; a retried add hands it off.
+TEST_P(Lifecycle, NonFatalHandOffFailureKeepsTheRedirection) {
+  RecordingHook r(Error::msg("hand-off to the node proxy failed: no ztunnel connection (retryable)", EAGAIN), false);
+  PodSpec spec;
+  spec.nodeNetnsPath = h_->node().path();
+  auto info = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  EXPECT_EQ(info->handoff, HandoffState::Failed);
+  EXPECT_EQ(info->handoffError, "hand-off to the node proxy failed: no ztunnel connection (retryable)");
+  EXPECT_TRUE(maps().podConfig.lookup(info->netnsCookie)) << "redirection rolled back";
+  EXPECT_FALSE(maps().podAddrs.keys().empty()) << "probe SNAT not in place";
+  EXPECT_EQ(r.undone, 0);
+  // Failing again is still not an error; then the node proxy takes it.
+  auto again = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_EQ(again->handoff, HandoffState::Failed);
+  r.result = Status();
+  auto third = h_->enroll(spec, &r.hook);
+  ASSERT_TRUE(third.ok()) << third.error().message;
+  EXPECT_EQ(third->handoff, HandoffState::Acked);
+  EXPECT_EQ(third->handoffError, "");
+  EXPECT_EQ(r.applied, 3);
+}
+
 
 TEST_P(Lifecycle, SecondIdForSameNetnsFails) {
   ASSERT_TRUE(h_->enroll().ok());

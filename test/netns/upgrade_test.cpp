@@ -187,7 +187,9 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   ASSERT_TRUE(layouts.ok()) << layouts.error().message;
   for (const auto& l : *layouts)
     for (const auto& want : mapLayouts())
-      if (l.name == want.name) EXPECT_EQ(l.version, want.version) << l.name;
+      if (l.name == want.name) {
+        EXPECT_EQ(l.version, want.version) << l.name;
+      }
   EXPECT_FALSE(pathExists(bpffs_.root() + "/migrate")) << "the old map stayed pinned";
   auto check = c->check(p.id);
   ASSERT_TRUE(check.ok()) << check.error().message;
@@ -229,7 +231,9 @@ TEST_F(Layouts, FreshRootRecordsEveryMapsLayout) {
   auto r = sh("ls " + bpffs_.root());
   std::istringstream ls(r.out);
   for (std::string n; ls >> n;)
-    if (n != SLUICE_PIN_LINKS_DIR) EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n << " is pinned without a layout version";
+    if (n != SLUICE_PIN_LINKS_DIR) {
+      EXPECT_NE(std::find(names.begin(), names.end(), n), names.end()) << n << " is pinned without a layout version";
+    }
 }
 
 // A layout from a newer build: refused in one line naming the map, the

@@ -11,6 +11,8 @@
 namespace sluice::agent {
 namespace {
 
+using nlohmann::json;
+
 TEST(AgentProtocol, AddRequestRoundTrips) {
   Request r;
   r.op = Op::Add;
@@ -207,6 +209,172 @@ TEST(AgentOptions, BadFlagsAreUsageErrors) {
     ASSERT_FALSE(r.ok()) << c.args[0];
     EXPECT_EQ(r.error().message, c.msg);
   }
+}
+
+// The environment of a process outside Kubernetes (nothing set), and of a
+// DaemonSet pod (the service's host and the downward API's NODE_NAME).
+std::optional<std::string> noEnv(const char*) { return std::nullopt; }
+std::optional<std::string> podEnv(const char* name) {
+  if (std::string(name) == "KUBERNETES_SERVICE_HOST") return "10.96.0.1";
+  if (std::string(name) == "NODE_NAME") return "node-a";
+  return std::nullopt;
+}
+
+TEST(AgentOptions, KubernetesDefaultsAndFlags) {
+  auto d = parseDaemonArgs({}, noEnv);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  const KubeOptions& k = d->agent.kube;
+  EXPECT_FALSE(k.enabled()) << "outside a pod and without --kube-api the agent works as without Kubernetes";
+  EXPECT_EQ(describeKube(k), "off (not in a pod, no --kube-api)");
+  EXPECT_EQ(k.ztunnelNamespace, "istio-system");
+  EXPECT_EQ(k.ztunnelLabelKey + "=" + k.ztunnelLabelValue, "app=ztunnel");
+  EXPECT_EQ(k.excludeNamespaces, std::set<std::string>{"kube-system"});
+  EXPECT_TRUE(k.dnsCaptureDefault);
+
+  auto inPod = parseDaemonArgs({}, podEnv);
+  ASSERT_TRUE(inPod.ok()) << inPod.error().message;
+  EXPECT_TRUE(inPod->agent.kube.inCluster);
+  EXPECT_TRUE(inPod->agent.kube.enabled());
+  EXPECT_EQ(inPod->agent.kube.nodeName, "node-a");
+  EXPECT_EQ(describeKube(inPod->agent.kube),
+            "in cluster, node node-a, ztunnel istio-system/app=ztunnel, excluded [kube-system], DNS capture by default on");
+  auto off = parseDaemonArgs({"--kube", "off"}, podEnv);
+  ASSERT_TRUE(off.ok()) << off.error().message;
+  EXPECT_FALSE(off->agent.kube.enabled());
+  EXPECT_EQ(describeKube(off->agent.kube), "off (--kube off)");
+
+  auto x = parseDaemonArgs({"--kube-api", "https://127.0.0.1:6443/", "--kube-token-file", "/run/t/token",
+                            "--kube-ca-file", "/run/t/ca.crt", "--node-name", "worker-1.example", "--ztunnel-namespace",
+                            "mesh", "--ztunnel-label", "app.kubernetes.io/name=ztunnel", "--exclude-namespaces",
+                            "kube-system,monitoring", "--dns-capture", "F"},
+                           podEnv);
+  ASSERT_TRUE(x.ok()) << x.error().message;
+  const KubeOptions& e = x->agent.kube;
+  EXPECT_TRUE(e.enabled());
+  EXPECT_FALSE(e.inCluster) << "--kube-api wins over the in-cluster configuration";
+  EXPECT_EQ(e.apiUrl, "https://127.0.0.1:6443");
+  EXPECT_EQ(e.tokenFile, "/run/t/token");
+  EXPECT_EQ(e.caFile, "/run/t/ca.crt");
+  EXPECT_EQ(e.nodeName, "worker-1.example") << "--node-name wins over NODE_NAME";
+  EXPECT_EQ(e.ztunnelNamespace, "mesh");
+  EXPECT_EQ(e.ztunnelLabelKey, "app.kubernetes.io/name");
+  EXPECT_EQ(e.ztunnelLabelValue, "ztunnel");
+  EXPECT_EQ(e.excludeNamespaces, (std::set<std::string>{"kube-system", "monitoring"}));
+  EXPECT_FALSE(e.dnsCaptureDefault);
+  auto none = parseDaemonArgs({"--exclude-namespaces", "", "--kube-api", "http://10.0.0.1:8080", "--node-name", "n"},
+                              noEnv);
+  ASSERT_TRUE(none.ok()) << none.error().message;
+  EXPECT_TRUE(none->agent.kube.excludeNamespaces.empty());
+  EXPECT_EQ(none->agent.kube.apiUrl, "http://10.0.0.1:8080");
+}
+
+TEST(AgentOptions, BadKubernetesFlagsAreUsageErrors) {
+  struct Case {
+    std::vector<std::string> args;
+    const char* msg;
+  } cases[] = {
+      {{"--kube", "on"}, "invalid --kube 'on' (expected auto or off) (see sluiced --help)"},
+      {{"--kube-api"}, "option --kube-api needs a value (see sluiced --help)"},
+      {{"--kube-api", "127.0.0.1:6443"},
+       "invalid --kube-api '127.0.0.1:6443' (expected https://HOST:PORT or http://HOST:PORT) (see sluiced --help)"},
+      {{"--kube-api", "https://"},
+       "invalid --kube-api 'https://' (expected https://HOST:PORT or http://HOST:PORT) (see sluiced --help)"},
+      {{"--kube-api", "https://h:1/api"},
+       "invalid --kube-api 'https://h:1/api' (expected https://HOST:PORT, without a path) (see sluiced --help)"},
+      {{"--kube-token-file", "token"}, "--kube-token-file needs an absolute path (see sluiced --help)"},
+      {{"--kube-ca-file", ""}, "--kube-ca-file needs an absolute path (see sluiced --help)"},
+      {{"--node-name", "Node_A"},
+       "invalid --node-name 'Node_A' (expected a node name: lower-case letters, digits, '-' and '.') (see sluiced --help)"},
+      {{"--ztunnel-namespace", "istio.system"},
+       "invalid --ztunnel-namespace 'istio.system' (expected a namespace name: lower-case letters, digits and '-') "
+       "(see sluiced --help)"},
+      {{"--ztunnel-label", "app"}, "invalid --ztunnel-label 'app' (expected KEY=VALUE, e.g. app=ztunnel) (see sluiced --help)"},
+      {{"--ztunnel-label", "=ztunnel"},
+       "invalid --ztunnel-label '=ztunnel' (expected KEY=VALUE, e.g. app=ztunnel) (see sluiced --help)"},
+      {{"--exclude-namespaces", "kube-system,,x"},
+       "invalid --exclude-namespaces 'kube-system,,x': '' is not a namespace name (expected NS[,NS...], or \"\" for "
+       "none) (see sluiced --help)"},
+      {{"--dns-capture", "yes"}, "invalid --dns-capture 'yes' (expected true or false) (see sluiced --help)"},
+      {{"--kube", "off", "--kube-api", "https://h:1"}, "--kube off contradicts --kube-api (see sluiced --help)"},
+      {{"--kube-token-file", "/t"},
+       "--kube-token-file needs --kube-api (in a pod the service account's token is read) (see sluiced --help)"},
+      {{"--kube-ca-file", "/c"},
+       "--kube-ca-file needs --kube-api (in a pod the service account's CA is read) (see sluiced --help)"},
+      {{"--kube-api", "https://h:1"},
+       "Kubernetes is configured (--kube-api) but the node name is unknown: pass --node-name or set NODE_NAME (the "
+       "downward API's spec.nodeName); --kube off turns Kubernetes off (see sluiced --help)"},
+  };
+  for (const auto& c : cases) {
+    auto r = parseDaemonArgs(c.args, noEnv);
+    ASSERT_FALSE(r.ok()) << c.args[0];
+    EXPECT_EQ(r.error().message, c.msg);
+  }
+  // In a pod without NODE_NAME (the downward API missing from the manifest).
+  auto noNode = parseDaemonArgs({}, [](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "KUBERNETES_SERVICE_HOST") return "10.96.0.1";
+    return std::nullopt;
+  });
+  ASSERT_FALSE(noNode.ok());
+  EXPECT_EQ(noNode.error().message,
+            "Kubernetes is configured (in cluster) but the node name is unknown: pass --node-name or set NODE_NAME (the "
+            "downward API's spec.nodeName); --kube off turns Kubernetes off (see sluiced --help)");
+  auto badNode = parseDaemonArgs({}, [](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "KUBERNETES_SERVICE_HOST") return "10.96.0.1";
+    if (std::string(n) == "NODE_NAME") return "bad node";
+    return std::nullopt;
+  });
+  ASSERT_FALSE(badNode.ok());
+  EXPECT_EQ(badNode.error().message, "invalid NODE_NAME 'bad node' (expected a node name) (see sluiced --help)");
+  EXPECT_NE(daemonUsage().find("--kube-api URL"), std::string::npos);
+}
+
+// The add's answer: an agent that decides from Kubernetes may leave a pod
+// alone. A client of this build reads both answers; an older client reads
+// "not enrolled" as a pod with nothing attached (and passes it through), an
+// older agent's answer (no "enrolled") is an enrolled pod.
+TEST(AgentProtocol, AddResultIsCompatibleBothWays) {
+  AddResult no;
+  no.enrolled = false;
+  no.reason = "not in the ambient mesh: namespace shop is not labelled";
+  no.pod.id = "c0ffee";
+  json wire = encodeAddResult(no);
+  EXPECT_EQ(wire, (json{{"id", "c0ffee"}, {"enrolled", false}, {"reason", no.reason}}));
+  auto back = decodeAddResult(wire);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_FALSE(back->enrolled);
+  EXPECT_EQ(back->reason, no.reason);
+  EXPECT_EQ(back->pod.id, "c0ffee");
+  auto asOld = decodePodInfo(wire);
+  ASSERT_TRUE(asOld.ok()) << "an older client could not read it: " << asOld.error().message;
+  EXPECT_EQ(asOld->id, "c0ffee");
+  EXPECT_TRUE(asOld->interfaces.empty());
+
+  PodInfo p;
+  p.id = "web-1";
+  p.interfaces = {"eth0"};
+  p.identity = {"u1", "web-1", "shop", "web"};
+  auto fromOldAgent = decodeAddResult(encodePodInfo(p));
+  ASSERT_TRUE(fromOldAgent.ok());
+  EXPECT_TRUE(fromOldAgent->enrolled);
+  EXPECT_EQ(fromOldAgent->pod.identity, p.identity);
+  AddResult yes{true, "in the ambient mesh: namespace labelled istio.io/dataplane-mode=ambient", p};
+  auto y = decodeAddResult(encodeAddResult(yes));
+  ASSERT_TRUE(y.ok());
+  EXPECT_TRUE(y->enrolled);
+  EXPECT_EQ(y->reason, yes.reason);
+  EXPECT_EQ(y->pod.interfaces, p.interfaces);
+  auto bad = decodeAddResult({{"id", "x"}, {"enrolled", "no"}});
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message, "malformed request: 'enrolled' must be true or false");
+
+  Health h;
+  h.bpffsRoot = "/sys/fs/bpf/sluice";
+  h.kubeApi = "in cluster";
+  h.kubeSynced = true;
+  auto hb = decodeHealth(encodeHealth(h));
+  ASSERT_TRUE(hb.ok());
+  EXPECT_EQ(hb->kubeApi, "in cluster");
+  EXPECT_TRUE(hb->kubeSynced);
 }
 
 TEST(AgentMetrics, HistogramIsCumulative) {

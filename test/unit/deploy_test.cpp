@@ -117,7 +117,9 @@ TEST_F(DeployManifest, AgentImageArgsAndReadiness) {
   auto help = runCommand({builtBinary("sluiced"), "--help"});
   ASSERT_EQ(help.exitCode, 0) << help.describe();
   for (const auto& a : args) {
-    if (a.rfind("--", 0) == 0) EXPECT_NE(help.out.find(a), std::string::npos) << a << " is not a sluiced flag";
+    if (a.rfind("--", 0) == 0) {
+      EXPECT_NE(help.out.find(a), std::string::npos) << a << " is not a sluiced flag";
+    }
   }
 }
 

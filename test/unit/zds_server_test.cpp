@@ -274,7 +274,9 @@ TEST_F(ZdsServer, MisbehaviourDuringTheSnapshotDropsTheConnection) {
     FakeZtunnel peer(path());
     ASSERT_TRUE(peer.hello());
     ASSERT_TRUE(peer.request().ok());
-    if (garbage) ASSERT_TRUE(peer.sendRaw(std::string("\xde\xad", 2)));
+    if (garbage) {
+      ASSERT_TRUE(peer.sendRaw(std::string("\xde\xad", 2)));
+    }
     EXPECT_TRUE(peer.closedByServer());
     EXPECT_TRUE(eventually([&] { return server->peers().empty(); }));
   }

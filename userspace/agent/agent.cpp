@@ -17,6 +17,7 @@
 #include "loader/netns.h"
 #include "loader/privileges.h"
 #include "userspace/agent/client.h"
+#include "userspace/agent/kube_wiring.h"
 
 #ifndef SLUICE_VERSION
 #define SLUICE_VERSION "dev"
@@ -111,6 +112,12 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   // Another agent on the socket owns the state: never run two.
   if (auto other = Client::connect(options.socketPath, std::chrono::seconds(2)); other.ok())
     return Error::msg("another agent is already listening on " + options.socketPath, EADDRINUSE);
+  if (options.kube.enabled()) {
+    // Its token and CA are read before anything is loaded or pinned.
+    auto k = KubeWiring::create(options.kube);
+    SLUICE_TRY(k);
+    a->kube_ = std::move(*k);
+  }
   SLUICE_TRY(a->checkBpffs());
   auto dp = Datapath::open(options.datapath);
   SLUICE_TRY(dp);
@@ -155,6 +162,8 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
     // Without a node proxy over ZDS no cgroup is learned: the mark alone.
     return Error::msg("reset the proxy identity to the mark alone: " + st.error().message, st.error().code);
   }
+  // Before the API answers: an add must be decided from Kubernetes.
+  if (a->kube_) SLUICE_TRY(a->kube_->start(a->kubeDataplane()));
   SLUICE_TRY(a->listenApi());
   SLUICE_TRY(a->listenMetrics());
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
@@ -197,6 +206,7 @@ Agent::~Agent() { stop(); }
 
 void Agent::stop() {
   if (stopping_.exchange(true)) return;
+  if (kube_) kube_->stop();  // no controller call into the datapath after this
   cniWatcher_.reset();
   if (stopFd_.valid()) {
     uint64_t one = 1;
@@ -437,6 +447,7 @@ void Agent::reconcileLoop() {
     if (!r.removed.empty() || !r.repaired.empty() || r.programsReplaced)
       spdlog::info("sweep: removed {} pod(s) whose netns was gone, repaired {}, switched {} hook(s)", r.removed.size(),
                    r.repaired.size(), r.programsReplaced);
+    if (kube_) kube_->resync();  // the registry as the sweep left it
     lk.lock();
   }
 }
@@ -491,34 +502,84 @@ Health Agent::health() {
     h.ztunnelSocket = options_.ztunnelSocket;
     h.ztunnelConnections = zds_->peers().size();
   }
+  if (kube_) {
+    h.kubeApi = kube_->apiDescription();
+    h.kubeSynced = kube_->ready();
+  }
   h.bpffsScope = bpffsMount_.outlivesNamespace ? "host" : "private";
   h.bpffsScopeWhy = bpffsMount_.why;
   return h;
 }
 
+Result<PodInfo> Agent::addLocked(PodSpec spec, bool handOffFatal) {
+  // The pod's host-side interface is looked up in the agent's own netns.
+  if (!spec.nodeNetnsPath) spec.nodeNetnsPath = "";
+  auto t = Clock::now();
+  Result<PodInfo> info = Error::msg("not enrolled", EINVAL);
+  if (zds_) {
+    if (spec.identity.uid.empty())
+      return Error::msg("pod has no uid: this agent hands every pod to the node proxy (--ztunnel-socket), which "
+                        "needs the pod's Kubernetes uid (sluice-cni takes it from CNI_ARGS K8S_POD_UID; "
+                        "sluicectl: --uid)",
+                        EINVAL);
+    EnrollHook hook{[this, handOffFatal](const PodInfo& p) { return handOff(p, handOffFatal); },
+                    [this](const PodInfo& p) { (void)zds_->del(p.identity.uid); }, handOffFatal};
+    info = dp_->addPod(spec, &hook);
+  } else {
+    info = dp_->addPod(spec);
+  }
+  SLUICE_TRY(info);
+  metrics_.addLatency(secondsSince(t));
+  return info;
+}
+
+Result<std::string> Agent::removeLocked(const std::string& id) {
+  auto t = Clock::now();
+  std::string uid;
+  for (const auto& p : dp_->listPods())
+    if (p.id == id) uid = p.identity.uid;
+  // Istio's order: probe SNAT and redirection out, then DelWorkload to
+  // every node proxy connection (none connected: nobody to tell).
+  SLUICE_TRY(dp_->removePod(id));
+  if (zds_ && !uid.empty()) (void)zds_->del(uid);
+  metrics_.removeLatency(secondsSince(t));
+  return uid;
+}
+
+AgentDataplane Agent::kubeDataplane() {
+  AgentDataplane d;
+  d.add = [this](const PodSpec& spec, bool handOffFatal) {
+    DpGuard g(*this);
+    return addLocked(spec, handOffFatal);
+  };
+  d.remove = [this](const std::string& id) -> Status {
+    DpGuard g(*this);
+    SLUICE_TRY(removeLocked(id));
+    return {};
+  };
+  d.list = [this] {
+    DpGuard g(*this);
+    return dp_->listPods();
+  };
+  d.update = [this](const std::string& id, const CaptureSettings& s) {
+    DpGuard g(*this);
+    return dp_->updatePodSettings(id, s);
+  };
+  return d;
+}
+
 Result<json> Agent::dispatch(const Request& req) {
+  if (req.op == Op::Add && kube_) {
+    // Asks the Kubernetes API first (up to seconds): not under dpMu_.
+    auto r = kube_->add(req.pod);
+    SLUICE_TRY(r);
+    return encodeAddResult(*r);
+  }
   DpGuard g(*this);
   switch (req.op) {
     case Op::Add: {
-      PodSpec spec = req.pod;
-      // The pod's host-side interface is looked up in the agent's own netns.
-      if (!spec.nodeNetnsPath) spec.nodeNetnsPath = "";
-      auto t = Clock::now();
-      Result<PodInfo> info = Error::msg("not enrolled", EINVAL);
-      if (zds_) {
-        if (spec.identity.uid.empty())
-          return Error::msg("pod has no uid: this agent hands every pod to the node proxy (--ztunnel-socket), which "
-                            "needs the pod's Kubernetes uid (sluice-cni takes it from CNI_ARGS K8S_POD_UID; "
-                            "sluicectl: --uid)",
-                            EINVAL);
-        EnrollHook hook{[this](const PodInfo& p) { return handOff(p); },
-                        [this](const PodInfo& p) { (void)zds_->del(p.identity.uid); }};
-        info = dp_->addPod(spec, &hook);
-      } else {
-        info = dp_->addPod(spec);
-      }
+      auto info = addLocked(req.pod, true);
       SLUICE_TRY(info);
-      metrics_.addLatency(secondsSince(t));
       return encodePodInfo(*info);
     }
     case Op::Remove: {
@@ -530,16 +591,9 @@ Result<json> Agent::dispatch(const Request& req) {
         SLUICE_TRY(found);
         id = *found;
       }
-      auto t = Clock::now();
-      std::string uid;
-      if (zds_)
-        for (const auto& p : dp_->listPods())
-          if (p.id == id) uid = p.identity.uid;
-      // Istio's order: probe SNAT and redirection out, then DelWorkload to
-      // every node proxy connection (none connected: nobody to tell).
-      SLUICE_TRY(dp_->removePod(id));
-      if (zds_ && !uid.empty()) (void)zds_->del(uid);
-      metrics_.removeLatency(secondsSince(t));
+      auto uid = removeLocked(id);
+      SLUICE_TRY(uid);
+      if (kube_) kube_->removed(*uid);
       return json{{"id", id}};
     }
     case Op::List: {
@@ -570,7 +624,7 @@ Result<json> Agent::dispatch(const Request& req) {
   return Error::msg("unhandled op", EINVAL);
 }
 
-Status Agent::handOff(const PodInfo& pod) {
+Status Agent::handOff(const PodInfo& pod, bool takeBackOnRefusal) {
   auto fail = [&](const std::string& why) {
     spdlog::warn("hand-off of pod {} (uid {}, {}/{}) to the node proxy failed: {}", pod.id, pod.identity.uid,
                  pod.identity.ns, pod.identity.name, why);
@@ -582,7 +636,8 @@ Status Agent::handOff(const PodInfo& pod) {
   if (!st.ok()) {
     // It refused the pod (e.g. "failure to start proxy") and would retry it
     // on its own; the enrollment is rolled back, so take the pod back.
-    if (st.error().code == EPROTO) (void)zds_->del(pod.identity.uid);
+    // (A running pod keeps its enrollment: the node proxy keeps retrying.)
+    if (st.error().code == EPROTO && takeBackOnRefusal) (void)zds_->del(pod.identity.uid);
     return fail(st.error().message);
   }
   return {};
@@ -655,6 +710,7 @@ std::string Agent::renderMetrics() {
   for (const auto& c : counters)
     out += "sluice_pod_dropped_packets_total{pod=\"" + labelValue(c.id) + "\"} " + std::to_string(c.stats.dropped_pkts) + "\n";
   if (zds_) zds_->renderMetrics(out);
+  if (kube_) kube_->renderMetrics(out);
   return out;
 }
 

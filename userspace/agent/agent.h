@@ -15,6 +15,7 @@
 #include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/fd.h"
+#include "userspace/agent/kube_wiring.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"
 #include "userspace/agent/zds/server.h"
@@ -34,6 +35,9 @@ struct AgentOptions {
   std::string ztunnelSocket;
   /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
   std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
+  /// Kubernetes: which pods are in the mesh, running pods, annotations
+  /// (kube_wiring.h); off unless in a pod or given --kube-api.
+  KubeOptions kube;
   /// Start even when the bpffs is private to the agent's mount namespace
   /// (every pin goes with it).
   bool allowPrivateBpffs = false;
@@ -110,10 +114,18 @@ class Agent {
     std::lock_guard<std::mutex> lk_;
   };
   /// ZDS: AddWorkload of an enrolled pod with its netns and the ack
-  /// (EnrollHook::apply); errors are retryable (EAGAIN).
-  Status handOff(const PodInfo& pod);
+  /// (EnrollHook::apply); errors are retryable (EAGAIN). With
+  /// @p takeBackOnRefusal an error ack is followed by DelWorkload (the
+  /// enrollment is rolled back; a running pod keeps it, and ztunnel retries).
+  Status handOff(const PodInfo& pod, bool takeBackOnRefusal);
   /// ZDS: the pods of a new connection's snapshot.
   std::vector<zds::SnapshotEntry> snapshot();
+  /// The API's add and remove, dpMu_ held; with ZDS on, @p handOffFatal as
+  /// EnrollHook::failureIsFatal. removeLocked returns the pod's uid.
+  Result<PodInfo> addLocked(PodSpec spec, bool handOffFatal);
+  Result<std::string> removeLocked(const std::string& id);
+  /// The registry operations the Kubernetes side uses (each takes dpMu_).
+  AgentDataplane kubeDataplane();
   /// Refuses a bpffs private to this mount namespace unless allowed.
   Status checkBpffs();
 
@@ -145,6 +157,7 @@ class Agent {
   std::string lastReconcileError_;  ///< under dpMu_
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
+  std::unique_ptr<KubeWiring> kube_;  ///< null without Kubernetes
   BpffsMount bpffsMount_;
   std::unique_ptr<cni::ConfWatcher> cniWatcher_;
 };

@@ -68,13 +68,23 @@ Result<json> Client::call(const Request& req) {
   return decodeResponse(*line);
 }
 
-Result<PodInfo> Client::addPod(const PodSpec& spec) {
+Result<AddResult> Client::add(const PodSpec& spec) {
   Request r;
   r.op = Op::Add;
   r.pod = spec;
   auto res = call(r);
   SLUICE_TRY(res);
-  return decodePodInfo(*res);
+  return decodeAddResult(*res);
+}
+
+Result<PodInfo> Client::addPod(const PodSpec& spec) {
+  auto r = add(spec);
+  SLUICE_TRY(r);
+  if (!r->enrolled)
+    return Error::msg("pod " + r->pod.id + " was not enrolled: " + r->reason +
+                          " (the agent decides from Kubernetes which pods are in the mesh)",
+                      ECANCELED);
+  return r->pod;
 }
 
 Status Client::removePod(const std::string& id) {

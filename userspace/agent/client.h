@@ -26,6 +26,11 @@ class Client {
   /// response line.
   Result<std::string> roundTrip(const std::string& line);
 
+  /// add: the pod enrolled, or (an agent deciding from Kubernetes) left
+  /// alone with the reason.
+  Result<AddResult> add(const PodSpec& spec);
+  /// add() of a pod that must be enrolled: "not in the mesh" is an error
+  /// (ECANCELED) naming the agent's reason.
   Result<PodInfo> addPod(const PodSpec& spec);
   Status removePod(const std::string& id);
   Result<std::string> removePodByNetns(const std::string& netnsPath);  ///< returns the id removed

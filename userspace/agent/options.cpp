@@ -7,7 +7,7 @@
 namespace sluice::agent {
 
 std::string daemonUsage() {
-  return R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
+  return std::string(R"(sluiced: sluice's node agent (eBPF traffic redirection for ambient pods)
 
 usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
@@ -15,6 +15,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
                [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
+               [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
   --socket PATH            API socket, root only (default /var/run/sluice/agent.sock)
@@ -47,6 +48,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            long or a sweep is this late (default 10000)
   --version                print the version
 
+)") + kubeUsage() + R"(
 On start the agent loads its programs, switches every enrolled pod's hooks
 to them in place, removes pods whose netns is gone and repairs damaged ones.
 SIGTERM/SIGINT stop it; the data plane stays in place while it is down.
@@ -54,7 +56,7 @@ The API is documented in docs/agent-api.md.
 )";
 }
 
-Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
+Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env) {
   DaemonArgs d;
   auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
   for (size_t i = 0; i < args.size(); i++) {
@@ -66,6 +68,11 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
     if (flag == "--version") {
       d.version = true;
       return d;
+    }
+    if (isKubeFlag(flag)) {
+      if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
+      if (Status st = applyKubeFlag(d.agent.kube, flag, args[++i]); !st.ok()) return usageError(st.error().message);
+      continue;
     }
     if (flag == "--allow-private-bpffs") {
       d.agent.allowPrivateBpffs = true;
@@ -131,6 +138,7 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args) {
       (flag == "--wedged-after-ms" ? d.agent.wedgedAfter : d.agent.requestDeadline) = std::chrono::milliseconds(std::stoul(v));
     }
   }
+  if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
   if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
     return usageError("--cni-agent-socket needs --cni-conf-dir");
   return d;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "userspace/agent/agent.h"
+#include "userspace/agent/kube_options.h"
 
 namespace sluice::agent {
 
@@ -16,8 +17,9 @@ struct DaemonArgs {
   std::string logLevel = "info";
 };
 
-/// Parses argv without argv[0]; errors are one-line usage errors.
-Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args);
+/// Parses argv without argv[0]; errors are one-line usage errors. @p env
+/// gives NODE_NAME and KUBERNETES_SERVICE_HOST (kube_options.h).
+Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env = processEnv);
 std::string daemonUsage();
 
 }  // namespace sluice::agent

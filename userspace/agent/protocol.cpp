@@ -269,6 +269,24 @@ Result<PodInfo> decodePodInfo(const json& j) {
   return p;
 }
 
+json encodeAddResult(const AddResult& r) {
+  json j = r.enrolled ? encodePodInfo(r.pod) : json{{"id", r.pod.id}};
+  j["enrolled"] = r.enrolled;
+  if (!r.reason.empty() || !r.enrolled) j["reason"] = r.reason;
+  return j;
+}
+
+Result<AddResult> decodeAddResult(const json& j) {
+  SLUICE_TRY(requireObject(j, "an add result"));
+  AddResult r;
+  SLUICE_TRY(flag(j, "enrolled", r.enrolled));
+  SLUICE_TRY(str(j, "reason", r.reason));
+  auto pod = decodePodInfo(j);
+  SLUICE_TRY(pod);
+  r.pod = std::move(*pod);
+  return r;
+}
+
 json encodeCounters(const PodCounters& c) {
   json j = {{"id", c.id}};
   eachCounter(c.stats, [&](const char* n, uint64_t v) { j[n] = v; });
@@ -294,6 +312,7 @@ json encodeHealth(const Health& h) {
           {"tc_mode", h.tcMode},    {"pods", h.pods},         {"uptime_seconds", h.uptimeSeconds},
           {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
           {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections},
+          {"kube_api", h.kubeApi}, {"kube_synced", h.kubeSynced},
           {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
 }
 
@@ -310,6 +329,8 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(str(j, "last_reconcile_error", h.lastReconcileError));
   SLUICE_TRY(str(j, "ztunnel_socket", h.ztunnelSocket));
   SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
+  SLUICE_TRY(str(j, "kube_api", h.kubeApi));
+  SLUICE_TRY(flag(j, "kube_synced", h.kubeSynced));
   SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));
   SLUICE_TRY(str(j, "bpffs_scope_why", h.bpffsScopeWhy));
   return h;

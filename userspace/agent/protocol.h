@@ -43,6 +43,22 @@ struct Request {
   std::optional<std::string> netns;
 };
 
+/// What add answers. An agent that decides from Kubernetes which pods are
+/// in the mesh (docs/kubernetes.md) may leave a pod alone: then `enrolled`
+/// is false, `reason` says why, and nothing in the pod was touched. On the
+/// wire an enrolled pod is its PodInfo plus "enrolled": true (and "reason"
+/// when the agent decided); a pod left alone is {"id", "enrolled": false,
+/// "reason"}, which an older client reads as a pod enrolled with nothing
+/// attached — it passes the pod through unchanged, as it should.
+struct AddResult {
+  bool enrolled = true;
+  /// Why the agent enrolled the pod or left it alone ("" when it did not
+  /// decide: no Kubernetes, or no pod identity in the request).
+  std::string reason;
+  /// The enrolled pod; only its id when not enrolled.
+  PodInfo pod;
+};
+
 /// What health answers.
 struct Health {
   std::string version;     ///< sluice build version
@@ -55,6 +71,8 @@ struct Health {
   std::string lastReconcileError;  ///< "" when the last sweep was clean
   std::string ztunnelSocket;        ///< "" when the agent hands no pod to a node proxy
   uint64_t ztunnelConnections = 0;  ///< node proxies connected over ZDS
+  std::string kubeApi;              ///< "" without Kubernetes; "in cluster" or the URL
+  bool kubeSynced = false;          ///< caches listed, start-up reconciliation done
   /// "host": the bpffs outlives the agent's mount namespace; "private": it
   /// goes with it (started with --allow-private-bpffs); "": not reported.
   std::string bpffsScope;
@@ -76,6 +94,10 @@ nlohmann::json encodePodSpec(const PodSpec& s);
 Result<PodSpec> decodePodSpec(const nlohmann::json& j);
 nlohmann::json encodePodInfo(const PodInfo& p);
 Result<PodInfo> decodePodInfo(const nlohmann::json& j);
+
+nlohmann::json encodeAddResult(const AddResult& r);
+/// An answer without "enrolled" (an older agent's) is an enrolled pod.
+Result<AddResult> decodeAddResult(const nlohmann::json& j);
 
 nlohmann::json encodeCounters(const PodCounters& c);
 Result<PodCounters> decodeCounters(const nlohmann::json& j);

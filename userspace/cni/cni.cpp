@@ -135,16 +135,24 @@ Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
   auto client = connectAgent(conf);
   if (!client.ok())
     return cniError(client.error().code, client.error().message + "; " + describePod(id, env) + " not started (fail closed)");
-  auto info = client->addPod(*spec);
-  if (!info.ok()) {
+  auto added = client->add(*spec);
+  if (!added.ok()) {
     // EAGAIN: the agent could not hand the pod to the node proxy (none
     // connected, no answer in time, or it refused the pod) and rolled the
-    // enrollment back; the runtime retries the sandbox.
-    int code = info.error().code == EAGAIN ? kCniTryAgainLater : kCniAgentFailed;
-    return cniError(code, "sluice agent could not enroll " + describePod(id, env) + ": " + info.error().message);
+    // enrollment back, or could not ask the Kubernetes API whether the pod
+    // is in the mesh; the runtime retries the sandbox.
+    int code = added.error().code == EAGAIN ? kCniTryAgainLater : kCniAgentFailed;
+    return cniError(code, "sluice agent could not enroll " + describePod(id, env) + ": " + added.error().message);
   }
-  spdlog::info("enrolled {} (netns {}, interfaces {}, addresses {})", describePod(id, env), env.netns,
-               joined(info->interfaces, ","), joined(info->ips, ","));
+  if (!added->enrolled) {
+    // The agent decided from Kubernetes that the pod is not in the ambient
+    // mesh: nothing in the pod was touched, prevResult goes on unchanged.
+    spdlog::info("{} is not in the mesh ({}); passed through", describePod(id, env), added->reason);
+    return {};
+  }
+  const PodInfo& info = added->pod;
+  spdlog::info("enrolled {} (netns {}, interfaces {}, addresses {}{}{})", describePod(id, env), env.netns,
+               joined(info.interfaces, ","), joined(info.ips, ","), added->reason.empty() ? "" : "; ", added->reason);
   return {};
 }
 
@@ -160,6 +168,19 @@ Status cmdDel(const Env& env, const NetConf& conf, const std::string& id) {
   auto st = client->removePod(id);
   if (!st.ok()) {
     if (st.error().code == ENOENT) {
+      // Enrolled under another id: a running pod the agent's Kubernetes
+      // controller enrolled itself (its sandbox outlives an agent that
+      // missed the ADD). The netns names it.
+      if (!env.netns.empty() && pathExists(env.netns)) {
+        auto other = client->removePodByNetns(env.netns);
+        if (other.ok()) {
+          spdlog::info("removed {} (enrolled as {})", describePod(id, env), *other);
+          return {};
+        }
+        if (other.error().code != ENOENT)
+          return cniError(kCniAgentFailed,
+                          "sluice agent could not remove " + describePod(id, env) + ": " + other.error().message);
+      }
       spdlog::info("{} was not enrolled; nothing to remove", describePod(id, env));
       return {};
     }

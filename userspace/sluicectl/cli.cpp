@@ -344,6 +344,12 @@ std::string describeAgentBpffs(const agent::Health& h) {
   return s + "does not report where its bpffs lives";
 }
 
+std::string describeAgentKube(const agent::Health& h) {
+  if (h.kubeApi.empty()) return "off: the agent enrolls every pod it is asked to";
+  return h.kubeApi + (h.kubeSynced ? ", synced: the agent enrolls the pods in the ambient mesh"
+                                   : ", NOT synced yet (listing pods and namespaces)");
+}
+
 }  // namespace
 
 std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy,
@@ -392,7 +398,9 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                       {"version", bpffs->agent->version},
                       {"bpffs", bpffs->agent->bpffsRoot},
                       {"bpffs_scope", bpffs->agent->bpffsScope},
-                      {"bpffs_scope_why", bpffs->agent->bpffsScopeWhy}};
+                      {"bpffs_scope_why", bpffs->agent->bpffsScopeWhy},
+                      {"kube_api", bpffs->agent->kubeApi},
+                      {"kube_synced", bpffs->agent->kubeSynced}};
     }
     return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
@@ -414,6 +422,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
       << (bpffs->local ? describeMount(*bpffs->local) : bpffs->localNote) << "\n";
     o << "agent              "
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
+    if (bpffs->agent) o << "kubernetes         " << describeAgentKube(*bpffs->agent) << "\n";
   }
   o << "\nfeatures:\n";
   for (const auto& row : statusRows(r)) {

@@ -23,6 +23,16 @@ std::string describe(const PodSettings& s) {
 
 const char* annotationValue(EnrollOutcome o) { return o == EnrollOutcome::Enabled ? kRedirectionEnabled : kRedirectionPending; }
 
+// A static pod's mirror in the API has its own UID; the runtime passes the
+// static pod's, which kubelet records in this annotation of the mirror.
+constexpr const char* kMirrorAnnotation = "kubernetes.io/config.mirror";
+
+bool isPodWithUid(const Pod& pod, const std::string& uid) {
+  if (pod.uid == uid) return true;
+  auto it = pod.annotations.find(kMirrorAnnotation);
+  return it != pod.annotations.end() && it->second == uid;
+}
+
 }  // namespace
 
 PodRef podRef(const Pod& pod) { return {pod.uid, pod.name, pod.namespaceName, pod.serviceAccount, pod.ips}; }
@@ -229,6 +239,18 @@ bool Controller::reconcile(const std::string& uid) {
   auto pod = pods_->get(uid);
   if (!pod) {
     if (!state) return true;
+    {
+      // Enrolled by the CNI path from a direct GET while the watch had not
+      // delivered the pod: not gone, only not seen yet. Kept for a while
+      // (the sweep's resync looks again); gone if the watch never shows it.
+      std::lock_guard lock(mu_);
+      auto it = unwatched_.find(uid);
+      if (it != unwatched_.end() && std::chrono::steady_clock::now() - it->second < kUnwatchedGrace) {
+        spdlog::debug("kube: pod {}: enrolled from the API server, not in the watch cache yet; kept", uid);
+        return true;
+      }
+      if (it != unwatched_.end()) unwatched_.erase(it);
+    }
     if (pods_->size() == 0) {
       // The agent's own pod runs on this node: an empty list is a wrong
       // node name (or a cluster without this node), not a node whose pods
@@ -254,6 +276,10 @@ bool Controller::reconcile(const std::string& uid) {
     return true;
   }
 
+  {
+    std::lock_guard lock(mu_);
+    unwatched_.erase(uid);
+  }
   auto ns = namespaces_->get(pod->namespaceName);
   if (!ns) {
     // Its namespace's event has not arrived yet; that event requeues it.
@@ -263,6 +289,13 @@ bool Controller::reconcile(const std::string& uid) {
   Decision d = decide(*pod, ns->labels, options_.rules);
   bool ok = true;
   if (d.enroll) {
+    if (!state && pod->terminating) {
+      // Being deleted: its sandbox goes away (the CNI DEL may already have
+      // removed it); never enrolled live now.
+      spdlog::debug("kube: pod {}: selected but terminating; not enrolled", pod->fullName());
+      queueStatus(*pod, state);
+      return true;
+    }
     if (!state || state->outcome == EnrollOutcome::Pending) {
       if (pod->ips.empty()) {
         // The kubelet reports the IP after the sandbox (and the CNI ADD) is
@@ -299,6 +332,9 @@ bool Controller::reconcile(const std::string& uid) {
       std::lock_guard lock(mu_);
       if (!s) {
         ++counters_.updateFailures;
+        // Not in the registry any more (removed behind the controller's
+        // back, the sweep): forget it, the retry enrolls it again.
+        if (s.error().code == ENOENT) enrolled_.erase(uid);
         retryWarn(uid, fmt::format("kube: new settings for pod {} failed (will retry): {}", pod->fullName(), s.error().message));
         return false;
       }
@@ -395,6 +431,12 @@ Result<PodAnswer> Controller::podDecision(const PodQuery& q, std::stop_token sto
       pod = pods_->get(q.uid);
       if (pod && (pod->namespaceName != q.namespaceName || pod->name != q.name))
         return Result<PodAnswer>(Error::msg("pod " + who + ": that UID belongs to pod " + pod->fullName(), EINVAL));
+      if (!pod) {
+        auto found = pods_->list([&](const Pod& p) {
+          return p.namespaceName == q.namespaceName && p.name == q.name && isPodWithUid(p, q.uid);
+        });
+        if (found.size() == 1) pod = found.front();
+      }
     } else {
       auto found = pods_->list([&](const Pod& p) { return p.namespaceName == q.namespaceName && p.name == q.name; });
       if (found.size() == 1) pod = found.front();
@@ -438,10 +480,18 @@ Result<PodAnswer> Controller::answerFromApi(const PodQuery& q, std::stop_token s
   if (!pj) return pj.error();
   auto pod = Pod::fromJson(*pj);
   if (!pod) return pod.error();
-  if (!q.uid.empty() && pod->uid != q.uid)
+  if (!q.uid.empty() && !isPodWithUid(*pod, q.uid))
     return Error::msg("pod " + q.namespaceName + "/" + q.name + " has UID " + pod->uid + ", not " + q.uid +
                           " (deleted and created again?)",
                       ESTALE);
+  {
+    // It exists: until the watch shows it, its absence from the cache does
+    // not mean it was deleted (reconcile).
+    std::lock_guard lock(mu_);
+    auto now = std::chrono::steady_clock::now();
+    std::erase_if(unwatched_, [&](const auto& e) { return now - e.second >= kUnwatchedGrace; });
+    unwatched_[pod->uid] = now;
+  }
   if (pod->nodeName != options_.nodeName)
     spdlog::warn("kube: pod {} is on node \"{}\" but this agent watches node \"{}\": check --node-name", pod->fullName(),
                  pod->nodeName, options_.nodeName);

@@ -232,6 +232,11 @@ class Controller {
   mutable std::mutex mu_;
   mutable std::condition_variable cv_;  ///< cache changes, readiness
   std::map<std::string, State> enrolled_;
+  /// Pods the API server was asked for directly (podDecision) and the watch
+  /// has not shown yet, with when: reconcile does not take them for gone
+  /// for kUnwatchedGrace.
+  std::map<std::string, std::chrono::steady_clock::time_point> unwatched_;
+  static constexpr std::chrono::seconds kUnwatchedGrace{60};
   std::map<std::string, Backoff> retries_;
   /// Per pod: the resourceVersion a status patch was sent for, and its value.
   std::map<std::string, std::pair<std::string, std::optional<std::string>>> lastPatch_;

@@ -1,0 +1,102 @@
+// The Kubernetes side of sluiced: the controller of userspace/agent/kube
+// (informers, Istio's rules, the netns finder, status annotations) wired to
+// the agent's datapath. The agent hands over four operations on its
+// registry (AgentDataplane, each under its datapath lock); this file turns
+// the controller's callbacks and the API's add into them.
+//
+//   CNI ADD ─▶ agent API add ─▶ KubeWiring::add ─▶ Controller::podDecision
+//        not in the mesh ─▶ {"enrolled": false, "reason"} (sluice-cni passes prevResult on)
+//        in the mesh      ─▶ add (settings from the annotations, identity from the API,
+//                            a failed hand-off fails it: CNI 11) ─▶ Controller::enrolled
+//   Controller (running pods, annotations, start-up reconciliation):
+//        enroll         ─▶ add of the located netns; a failed hand-off keeps the
+//                          redirection (annotated "pending", retried)
+//        updateSettings ─▶ update in place (Datapath::updatePodSettings)
+//        unenroll       ─▶ remove by uid (pods without a uid are never touched)
+//        listEnrolled   ─▶ the registry
+#pragma once
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loader/datapath.h"
+#include "userspace/agent/kube/client.h"
+#include "userspace/agent/kube/controller.h"
+#include "userspace/agent/kube_options.h"
+#include "userspace/agent/protocol.h"
+
+namespace sluice::agent {
+
+/// What the Kubernetes side asks of the agent. Each operation takes the
+/// agent's datapath lock itself; none is called with it held.
+struct AgentDataplane {
+  /// Enrolls (Datapath::addPod through the agent, with the hand-off when
+  /// ZDS is on); @p handOffFatal as EnrollHook::failureIsFatal.
+  std::function<Result<PodInfo>(const PodSpec&, bool handOffFatal)> add;
+  /// Removes a pod by id (probe SNAT, redirection, then DelWorkload).
+  std::function<Status(const std::string& id)> remove;
+  /// The registry.
+  std::function<std::vector<PodInfo>()> list;
+  /// Datapath::updatePodSettings.
+  std::function<Result<PodInfo>(const std::string& id, const CaptureSettings&)> update;
+};
+
+/// The registry id of a running pod the controller enrolls ("k8s-" + uid);
+/// the CNI path uses the runtime's container id instead.
+std::string livePodId(const std::string& uid);
+
+class KubeWiring {
+ public:
+  /// Creates the client (in-cluster or explicit): reads the token and CA,
+  /// touches nothing else, so the agent checks them before its datapath.
+  /// Errors: no in-cluster token/CA, an unreadable file, an invalid URL.
+  static Result<std::unique_ptr<KubeWiring>> create(const KubeOptions& options);
+  /// Creates the controller on @p dataplane and starts it (once).
+  Status start(AgentDataplane dataplane);
+  ~KubeWiring();
+  KubeWiring(const KubeWiring&) = delete;
+  KubeWiring& operator=(const KubeWiring&) = delete;
+
+  /// Stops the controller; no dataplane call runs after it returns.
+  void stop();
+
+  /// The agent API's add with Kubernetes. A request without a pod
+  /// namespace and name (sluicectl by hand) is enrolled as asked. Otherwise
+  /// the controller decides: not in the mesh → not enrolled, nothing
+  /// touched; in the mesh → enrolled with the annotations' settings and the
+  /// API's identity (service account included). An API error is retryable
+  /// (EAGAIN): the pod is never enrolled (or left out) on a guess.
+  Result<AddResult> add(const PodSpec& spec);
+  /// The agent removed a pod with this uid (API remove, CNI DEL): the
+  /// controller forgets it and removes its status annotation.
+  void removed(const std::string& uid);
+  /// Re-reads the registry and reconciles every pod (after each sweep).
+  void resync();
+  /// The start-up reconciliation has run.
+  bool ready() const;
+  /// The API the agent talks to ("in cluster" or the URL).
+  std::string apiDescription() const;
+
+  /// sluice_kube_* metrics.
+  void renderMetrics(std::string& out) const;
+
+ private:
+  explicit KubeWiring(KubeOptions options) : options_(std::move(options)) {}
+  Result<kube::EnrollOutcome> enroll(const kube::PodRef& pod, const kube::PodSettings& s, const kube::NetnsLocation& loc);
+  Status updateSettings(const kube::PodRef& pod, const kube::PodSettings& s);
+  Status unenroll(const std::string& uid);
+  std::vector<kube::EnrolledPod> listEnrolled();
+  std::optional<PodInfo> findByUid(const std::string& uid);
+
+  KubeOptions options_;
+  AgentDataplane dp_;
+  std::unique_ptr<kube::Client> client_;
+  std::unique_ptr<kube::Controller> controller_;
+  std::atomic<uint64_t> cniEnrolled_{0}, cniNotInMesh_{0}, cniErrors_{0}, cniByHand_{0};
+};
+
+}  // namespace sluice::agent
