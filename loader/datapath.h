@@ -39,6 +39,10 @@ struct DatapathOptions {
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
   TcMode tcMode = TcMode::Auto;
   Settings settings;
+  /// Probe SNAT connections held at once (snat_rev's capacity); the least
+  /// recently used are forgotten beyond it. Tests set it low to put the map
+  /// under pressure; every process sharing a bpffs root must agree.
+  uint32_t snatEntries = SLUICE_SNAT_ENTRIES;
 };
 
 /// An enrollment step outside the data plane, run by Datapath::addPod once
@@ -197,8 +201,13 @@ class Datapath {
   Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
                      sluice_pod_record& rec);
 
+  /// A second instance of the programs (same maps), loaded when a sweep
+  /// moves a tcx link to the front (moveTcxToFront); dropped after it.
+  Result<PodPrograms*> stagingPrograms();
+
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;
+  std::unique_ptr<PodPrograms> staging_;
 };
 
 }  // namespace sluice

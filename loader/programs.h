@@ -29,7 +29,9 @@ class PodPrograms {
   /// the variant of the report's pod-cookie method. Pins of older layouts
   /// are migrated (loader/migrate.h); a layout this build cannot read is
   /// an error and leaves the pins as they are.
-  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root);
+  /// snatEntries: the capacity of snat_rev (probe SNAT connections); a
+  /// pinned map of another capacity is refused (Migration::plan names it).
+  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root, uint32_t snatEntries = SLUICE_SNAT_ENTRIES);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
   PodPrograms& operator=(const PodPrograms&) = delete;
@@ -48,8 +50,7 @@ class PodPrograms {
   BpfMap<sluice_dns_nat_key, sluice_dns_nat_value> dnsNat;
   BpfMap<sluice_pod_id, sluice_pod_record> pods;
   BpfMap<sluice_pod_addr, sluice_pod_addr_info> podAddrs;
-  BpfMap<sluice_snat_key, sluice_snat_value> snatFwd;
-  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;
+  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;  ///< probe SNAT: one element per connection
   BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
   BpfMap<sluice_listener_key, __u64> podListeners;  ///< SOCKHASH: values are sockets
   BpfMap<sluice_layout_key, sluice_layout_value> layouts;

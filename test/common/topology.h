@@ -29,6 +29,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -456,5 +457,11 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath);
 
 /// "ipv4" / "ipv6", for test names.
 inline const char* familyName(int family) { return family == AF_INET ? "ipv4" : "ipv6"; }
+
+/// "tcx_ipv4"-style test names for parameters std::tuple<TcMode, int family>
+/// (a GoogleTest name generator).
+inline constexpr auto modeFamilyName = [](const auto& info) {
+  return std::string(modeName(std::get<0>(info.param))) + "_" + familyName(std::get<1>(info.param));
+};
 
 }  // namespace sluice::test

@@ -41,10 +41,6 @@ constexpr uint32_t kProxyMark = 0x539;
 
 using RedirectParam = std::tuple<TcMode, int>;
 
-std::string paramName(const ::testing::TestParamInfo<RedirectParam>& info) {
-  return std::string(modeName(std::get<0>(info.param))) + "_" + familyName(std::get<1>(info.param));
-}
-
 class Redirect : public ::testing::TestWithParam<RedirectParam> {
  protected:
   void SetUp() override {
@@ -813,7 +809,7 @@ TEST_P(Redirect, FailClosedAfterProxyStops) {
 INSTANTIATE_TEST_SUITE_P(All, Redirect,
                          ::testing::Combine(::testing::Values(TcMode::Tcx, TcMode::Legacy),
                                             ::testing::Values(AF_INET, AF_INET6)),
-                         paramName);
+                         modeFamilyName);
 
 }  // namespace
 }  // namespace sluice::test
