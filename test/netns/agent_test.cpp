@@ -638,9 +638,13 @@ TEST_P(AgentApi, NonUtf8TextCrashesNothing) {
   auto pods = client().listPods();
   ASSERT_TRUE(pods.ok()) << pods.error().message << "\n" << agent_->log();
   ASSERT_EQ(pods->size(), 1u);
-  auto cli = runCommand({builtBinary("sluicectl"), "--socket", socket_, "pod", "list", "--json"});
+  // Through the agent (same bpffs root): the listing holds the pod with the
+  // non-UTF-8 interface name.
+  auto cli = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", socket_, "pod", "list", "--json"});
   EXPECT_EQ(cli.exitCode, 0) << cli.describe();
-  EXPECT_TRUE(nlohmann::json::parse(cli.out, nullptr, false).is_array()) << cli.out;
+  auto listed = nlohmann::json::parse(cli.out, nullptr, false);
+  ASSERT_TRUE(listed.is_array()) << cli.out;
+  EXPECT_EQ(listed.size(), 1u) << cli.out;
   EXPECT_EQ(::kill(agent_->pid(), 0), 0) << "the agent died";
 }
 
