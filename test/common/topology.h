@@ -201,6 +201,9 @@ Result<Fd> tcpConnect(const TestNetns& ns, const Endpoint& dst, const ConnectOpt
 /// Sends @p payload on a connected TCP socket and reads until as many bytes
 /// came back (or EOF / time-out); returns what was read.
 Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chrono::milliseconds timeout = kIoTimeout);
+/// echoRoundTrip's answer, or "error: " and the error's text (for tests
+/// that compare what a connection saw with one expectation).
+std::string echoOrError(int fd, const std::string& payload);
 
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
