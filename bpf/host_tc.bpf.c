@@ -13,6 +13,16 @@
  * Only packets of a local socket are translated (skb->sk set); forwarded
  * traffic (another node's, kube-proxy's NAT) has none and stays as it is, so
  * the pod's proxy still captures it.
+ *
+ * One element per translated connection, in snat_rev, keyed by the tuple
+ * of its replies (pod addr:port -> probe addr:translated port); the value is
+ * the prober's addr:port, the FIN flags and the pod's cookie. Both
+ * directions use that one element: under LRU pressure a connection is
+ * evicted whole, its two directions never part ways, and a translated port
+ * is free exactly when no element holds it. host_ingress finds the element
+ * with one lookup; host_egress tries the translated ports a prober's port
+ * can get (snat_port: its own first, then a fixed sequence) until it finds
+ * the element whose prober is the packet's source.
  */
 #include <linux/bpf.h>
 #include <linux/pkt_cls.h>
@@ -22,40 +32,94 @@
 #include "lib/maps.h"
 #include "lib/parse.h"
 #include "lib/nat.h"
+#include "lib/verdict.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
-
-static __always_inline void snat_key(struct sluice_snat_key *k, const struct flow *f)
-{
-	__builtin_memset(k, 0, sizeof(*k));
-	__builtin_memcpy(k->saddr, f->saddr, 16);
-	__builtin_memcpy(k->daddr, f->daddr, 16);
-	k->sport = f->sport;
-	k->dport = f->dport;
-	k->family = f->family;
-}
 
 static __always_inline const __u32 *probe_addr(const struct sluice_settings *cfg, __u8 family)
 {
 	return family == AF_INET ? &cfg->probe_v4 : (const __u32 *)cfg->probe_v6;
 }
 
-/* Forgets a finished connection: both directions' entries leave the live
- * maps; after a FIN exchange they move to snat_closed for late packets. */
-static __always_inline void snat_forget(const struct sluice_snat_key *fwd_key,
-					const struct sluice_snat_key *rev_key, int keep_closed)
+/* The i-th translated port a prober's port can get: its own, then others
+ * derived from it in the ephemeral range 1024-65535. Two probers with
+ * different node addresses and the same port would otherwise collide on
+ * (probe addr, port). */
+static __always_inline __u16 snat_port(__u16 base, int i)
 {
-	if (keep_closed) {
-		struct sluice_snat_value *v = bpf_map_lookup_elem(&snat_fwd, fwd_key);
+	return i == 0 ? base : (__u16)(1024 + (base + i * 7919) % 64512);
+}
 
-		if (v)
-			bpf_map_update_elem(&snat_closed, fwd_key, v, BPF_ANY);
-		v = bpf_map_lookup_elem(&snat_rev, rev_key);
-		if (v)
-			bpf_map_update_elem(&snat_closed, rev_key, v, BPF_ANY);
+/* The element key of a connection: the reply's tuple, pod -> probe:port. */
+static __always_inline void conn_key(struct sluice_snat_key *k, const struct flow *f, const __u32 *probe,
+				     __be16 port)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	__builtin_memcpy(k->saddr, f->daddr, 16);
+	addr_copy(k->daddr, probe, f->family);
+	k->sport = f->dport;
+	k->dport = port;
+	k->family = f->family;
+}
+
+static __always_inline int conn_is_probers(const struct sluice_snat_value *v, const struct flow *f)
+{
+	return v->port == f->sport && addr_eq((const __u32 *)v->addr, f->saddr, f->family);
+}
+
+/* The element of the prober's connection (f: the prober's packet) in map,
+ * its key left in k; 0 when there is none. */
+static __always_inline struct sluice_snat_value *conn_find(void *map, const struct flow *f, const __u32 *probe,
+							   struct sluice_snat_key *k)
+{
+	__u16 base = bpf_ntohs(f->sport);
+	int i;
+
+#pragma unroll
+	for (i = 0; i < SLUICE_SNAT_PORT_TRIES; i++) {
+		struct sluice_snat_value *v;
+
+		conn_key(k, f, probe, bpf_htons(snat_port(base, i)));
+		v = bpf_map_lookup_elem(map, k);
+		if (v && conn_is_probers(v, f))
+			return v;
 	}
-	bpf_map_delete_elem(&snat_fwd, fwd_key);
-	bpf_map_delete_elem(&snat_rev, rev_key);
+	return 0;
+}
+
+/*
+ * The element of a connection whose SYN this is: a retransmitted SYN finds
+ * its own (wherever it is: the port it got may not be the first free one
+ * any more), a new one claims the first free translated port (BPF_NOEXIST:
+ * two CPUs never get the same one). 0 when every candidate port is taken.
+ */
+static __always_inline struct sluice_snat_value *conn_open(const struct flow *f, const __u32 *probe, __u64 cookie,
+							   struct sluice_snat_key *k, int *opened)
+{
+	struct sluice_snat_value *v = conn_find(&snat_rev, f, probe, k);
+	struct sluice_snat_value nv = {};
+	__u16 base = bpf_ntohs(f->sport);
+	int i;
+
+	if (v)
+		return v;
+	__builtin_memcpy(nv.addr, f->saddr, 16);
+	nv.port = f->sport;
+	nv.netns_cookie = cookie;
+#pragma unroll
+	for (i = 0; i < SLUICE_SNAT_PORT_TRIES; i++) {
+		conn_key(k, f, probe, bpf_htons(snat_port(base, i)));
+		if (bpf_map_lookup_elem(&snat_rev, k))
+			continue;
+		/* The port's earlier connection is over: its late packets
+		 * would be translated to the new prober now. */
+		bpf_map_delete_elem(&snat_closed, k);
+		if (bpf_map_update_elem(&snat_rev, k, &nv, BPF_NOEXIST) == 0) {
+			*opened = 1;
+			return bpf_map_lookup_elem(&snat_rev, k);
+		}
+	}
+	return 0;
 }
 
 /* Closed: after a RST, or the first packet without FIN once both sides
@@ -68,47 +132,27 @@ static __always_inline int snat_closes(__u16 flags_before, __u8 tcp_flags)
 		!(tcp_flags & TCP_FLAG_FIN));
 }
 
-/* The reply key of a translated connection: pod -> probe addr:port. */
-static __always_inline void rev_key_of(struct sluice_snat_key *rk, const struct flow *f,
-				       const __u32 *probe, __be16 port)
+/* Records a FIN of one side; host_egress and host_ingress may run on two
+ * CPUs at once, so the flags are set atomically. A fetching atomic needs a
+ * 64-bit operand below -mcpu=v3: port, flags and pad form one aligned
+ * 64-bit word (maps/sluice_maps.h), flags in bits 16-31 (little endian). */
+static __always_inline __u16 conn_track(struct sluice_snat_value *v, __u8 tcp_flags, __u16 fin)
 {
-	__builtin_memset(rk, 0, sizeof(*rk));
-	__builtin_memcpy(rk->saddr, f->daddr, 16);
-	addr_copy(rk->daddr, probe, f->family);
-	rk->sport = f->dport;
-	rk->dport = port;
-	rk->family = f->family;
+	__u16 before = v->flags;
+
+	if (tcp_flags & TCP_FLAG_FIN)
+		before = (__u16)(__sync_fetch_and_or((__u64 *)&v->port, (__u64)fin << 16) >> 16);
+	return before;
 }
 
-/*
- * Picks the translated source port for a new probe connection: the
- * prober's own port when free, otherwise a few others derived from it. Two
- * probers with different node addresses and the same port would otherwise
- * collide on (probe addr, port). The reverse entry is claimed atomically
- * (BPF_NOEXIST), so two CPUs never hand out the same one.
- */
-static __always_inline int snat_allocate(const struct flow *f, const __u32 *probe,
-					 __u64 cookie, struct sluice_snat_key *rk, __be16 *port)
+/* Forgets a finished connection; after a FIN exchange its element moves to
+ * snat_closed for late packets. */
+static __always_inline void conn_forget(const struct sluice_snat_key *k, const struct sluice_snat_value *v,
+					int keep_closed)
 {
-	struct sluice_snat_value orig = {};
-	__u16 base = bpf_ntohs(f->sport);
-	int i;
-
-	__builtin_memcpy(orig.addr, f->saddr, 16);
-	orig.port = f->sport;
-	orig.netns_cookie = cookie;
-#pragma unroll
-	for (i = 0; i < SLUICE_SNAT_PORT_TRIES; i++) {
-		/* Stay in the ephemeral range 1024-65535 after the first try. */
-		__u16 cand = i == 0 ? base : (__u16)(1024 + (base + i * 7919) % 64512);
-
-		rev_key_of(rk, f, probe, bpf_htons(cand));
-		if (bpf_map_update_elem(&snat_rev, rk, &orig, BPF_NOEXIST) == 0) {
-			*port = bpf_htons(cand);
-			return 0;
-		}
-	}
-	return -1;
+	if (keep_closed)
+		bpf_map_update_elem(&snat_closed, k, v, BPF_ANY);
+	bpf_map_delete_elem(&snat_rev, k);
 }
 
 SEC("tc")
@@ -117,116 +161,94 @@ int host_egress(struct __sk_buff *skb)
 	const struct sluice_settings *cfg = settings_get();
 	struct sluice_pod_addr pa = {};
 	struct sluice_pod_addr_info *pod;
-	struct sluice_snat_key fk, rk;
-	struct sluice_snat_value *fwd, nv = {};
+	struct sluice_snat_key k;
+	struct sluice_snat_value *v;
 	__u32 probe[4] = {};
 	struct flow f;
+	int opened = 0;
 
 	/* Rule 11: forwarded traffic has no socket; and it arrived somewhere,
 	 * while a packet the node sends has no input interface (a second guard,
 	 * should a kernel ever leave a socket on a forwarded packet). */
 	if (!cfg || !skb->sk || skb->ingress_ifindex)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (parse_flow(skb, &f) != PARSE_OK || f.proto != IPPROTO_TCP)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	__builtin_memcpy(pa.addr, f.daddr, 16);
 	pa.family = f.family;
 	pod = bpf_map_lookup_elem(&pod_addrs, &pa);
 	if (!pod)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	addr_copy(probe, probe_addr(cfg, f.family), f.family);
 	if (addr_eq(f.saddr, probe, f.family))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 
-	snat_key(&fk, &f);
-	fwd = bpf_map_lookup_elem(&snat_fwd, &fk);
-	if (!fwd && !flow_is_syn(&f)) {
-		/* A late packet of a closed probe connection; connections set up
-		 * before the pod was enrolled stay as they are. */
-		fwd = bpf_map_lookup_elem(&snat_closed, &fk);
-		if (!fwd)
-			return TC_ACT_OK;
-		return nat_rewrite(skb, &f, 1, probe, fwd->port) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
-	}
-	if (!fwd) {
-		bpf_map_delete_elem(&snat_closed, &fk); /* the port is reused */
-		if (snat_allocate(&f, probe, pod->netns_cookie, &rk, &nv.port) < 0)
-			return TC_ACT_SHOT; /* every candidate port taken: retry later */
-		__builtin_memcpy(nv.addr, probe, 16);
-		nv.netns_cookie = pod->netns_cookie;
-		if (bpf_map_update_elem(&snat_fwd, &fk, &nv, BPF_ANY) < 0) {
-			bpf_map_delete_elem(&snat_rev, &rk);
-			return TC_ACT_SHOT;
-		}
-		fwd = bpf_map_lookup_elem(&snat_fwd, &fk);
-		if (!fwd)
-			return TC_ACT_SHOT;
-		SLUICE_COUNT(nv.netns_cookie, probe_conns);
+	if (flow_is_syn(&f)) {
+		v = conn_open(&f, probe, pod->netns_cookie, &k, &opened);
+		if (!v)
+			return TC_ACT_SHOT; /* every candidate port taken: retried later */
+		if (opened)
+			SLUICE_COUNT(pod->netns_cookie, probe_conns);
 	} else {
-		rev_key_of(&rk, &f, probe, fwd->port);
+		v = conn_find(&snat_rev, &f, probe, &k);
+		if (!v) {
+			/* A late packet of a closed probe connection; connections
+			 * set up before the pod was enrolled (or forgotten under
+			 * pressure) stay as they are. */
+			v = conn_find(&snat_closed, &f, probe, &k);
+			if (!v)
+				return SLUICE_NEXT;
+			return nat_rewrite(skb, &f, 1, probe, k.dport) < 0 ? TC_ACT_SHOT : SLUICE_NEXT;
+		}
 	}
 
-	__be16 port = fwd->port;
-	__u16 flags = fwd->flags;
+	__u16 flags = conn_track(v, f.tcp_flags, SLUICE_SNAT_FIN_OUT);
+	struct sluice_snat_value copy = *v;
 
-	if (f.tcp_flags & TCP_FLAG_FIN)
-		fwd->flags = flags | SLUICE_SNAT_FIN_OUT;
-	if (nat_rewrite(skb, &f, 1, probe, port) < 0)
+	if (nat_rewrite(skb, &f, 1, probe, k.dport) < 0)
 		return TC_ACT_SHOT;
 	if (snat_closes(flags, f.tcp_flags))
-		snat_forget(&fk, &rk, !(f.tcp_flags & TCP_FLAG_RST));
-	return TC_ACT_OK;
+		conn_forget(&k, &copy, !(f.tcp_flags & TCP_FLAG_RST));
+	return SLUICE_NEXT;
 }
 
 SEC("tc")
 int host_ingress(struct __sk_buff *skb)
 {
 	const struct sluice_settings *cfg = settings_get();
-	struct sluice_snat_key rk, fk;
-	struct sluice_snat_value *rev, *fwd;
+	struct sluice_snat_key k;
+	struct sluice_snat_value *v, copy;
 	__u32 orig[4];
-	__be16 orig_port;
 	struct flow f;
 
 	if (!cfg)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (parse_flow(skb, &f) != PARSE_OK || f.proto != IPPROTO_TCP)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (!addr_eq(f.daddr, probe_addr(cfg, f.family), f.family))
-		return TC_ACT_OK;
-	snat_key(&rk, &f);
-	rev = bpf_map_lookup_elem(&snat_rev, &rk);
-	if (!rev) {
+		return SLUICE_NEXT;
+	__builtin_memset(&k, 0, sizeof(k));
+	__builtin_memcpy(k.saddr, f.saddr, 16);
+	__builtin_memcpy(k.daddr, f.daddr, 16);
+	k.sport = f.sport;
+	k.dport = f.dport;
+	k.family = f.family;
+	v = bpf_map_lookup_elem(&snat_rev, &k);
+	if (!v) {
 		/* A late packet of a closed probe connection. */
-		rev = bpf_map_lookup_elem(&snat_closed, &rk);
-		if (!rev)
-			return TC_ACT_OK;
-		__builtin_memcpy(orig, rev->addr, 16);
-		return nat_rewrite(skb, &f, 0, orig, rev->port) < 0 ? TC_ACT_SHOT : TC_ACT_OK;
+		v = bpf_map_lookup_elem(&snat_closed, &k);
+		if (!v)
+			return SLUICE_NEXT;
+		__builtin_memcpy(orig, v->addr, 16);
+		return nat_rewrite(skb, &f, 0, orig, v->port) < 0 ? TC_ACT_SHOT : SLUICE_NEXT;
 	}
-	__builtin_memcpy(orig, rev->addr, 16);
-	orig_port = rev->port;
+	__u16 flags = conn_track(v, f.tcp_flags, SLUICE_SNAT_FIN_IN);
 
-	/* The forward key: prober -> pod, as the prober sent it. */
-	__builtin_memset(&fk, 0, sizeof(fk));
-	__builtin_memcpy(fk.saddr, orig, 16);
-	__builtin_memcpy(fk.daddr, f.saddr, 16);
-	fk.sport = orig_port;
-	fk.dport = f.sport;
-	fk.family = f.family;
-	fwd = bpf_map_lookup_elem(&snat_fwd, &fk);
-
-	if (nat_rewrite(skb, &f, 0, orig, orig_port) < 0)
+	copy = *v;
+	__builtin_memcpy(orig, copy.addr, 16);
+	if (nat_rewrite(skb, &f, 0, orig, copy.port) < 0)
 		return TC_ACT_SHOT;
-	if (fwd) {
-		__u16 flags = fwd->flags;
-
-		if (f.tcp_flags & TCP_FLAG_FIN)
-			fwd->flags = flags | SLUICE_SNAT_FIN_IN;
-		if (snat_closes(flags, f.tcp_flags))
-			snat_forget(&fk, &rk, !(f.tcp_flags & TCP_FLAG_RST));
-	} else if (f.tcp_flags & TCP_FLAG_RST) {
-		bpf_map_delete_elem(&snat_rev, &rk);
-	}
-	return TC_ACT_OK;
+	if (snat_closes(flags, f.tcp_flags))
+		conn_forget(&k, &copy, !(f.tcp_flags & TCP_FLAG_RST));
+	return SLUICE_NEXT;
 }

@@ -25,6 +25,7 @@
 #include "lib/nat.h"
 #include "lib/sock.h"
 #include "lib/pod.h"
+#include "lib/verdict.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -54,12 +55,12 @@ static __always_inline int ctx_init(struct ctx *c, struct __sk_buff *skb)
 	return c->cfg && ctx_pod(c);
 }
 
-/* Packets left alone are not counted: a per-CPU hash update on every
- * packet was a third of the cost of a passed packet. Decisions (captures,
- * hand-offs, drops) are. */
+/* Packets left alone go to the next program (lib/verdict.h) and are not
+ * counted: a per-CPU hash update on every packet was a third of the cost of
+ * a passed packet. Decisions (captures, hand-offs, drops) are. */
 static __always_inline int pass(struct ctx *c)
 {
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }
 
 static __always_inline int drop(struct ctx *c)
@@ -193,6 +194,17 @@ static __always_inline int egress_tcp(struct ctx *c)
 	return loop_to_ingress(c, c->f.tcp_flags & TCP_FLAG_SYN ? SLUICE_TAG_OWNED : SLUICE_TAG_OWNED_DATA);
 }
 
+/* The proxy's end of an owned flow sent its FIN (the app's socket is in
+ * CLOSE_WAIT or beyond): its socket may be gone by now, so pod_ingress
+ * looks it up instead of leaving the packet to the stack. Only then: the
+ * look-up costs every packet of a live connection otherwise. */
+static __always_inline int proxy_may_be_gone(const struct bpf_sock *own)
+{
+	__u32 st = own->state;
+
+	return st == BPF_TCP_CLOSE_WAIT || st == BPF_TCP_LAST_ACK || st == BPF_TCP_CLOSING;
+}
+
 SEC("tc")
 int pod_egress(struct __sk_buff *skb)
 {
@@ -200,22 +212,30 @@ int pod_egress(struct __sk_buff *skb)
 
 	c.cfg = settings_get();
 	if (!c.cfg)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	/* Rule 5: the proxy's own traffic, half the packets of every redirected
 	 * connection, leaves before any per-pod lookup. A marked packet from
 	 * another cgroup than the proxy's (when those are known) is an app
 	 * that set the mark itself: it is judged like any other. */
 	if ((skb->mark & c.cfg->mark_mask) == c.cfg->proxy_mark && proxy_marked_is_proxy(skb))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
 		break;
-	case PARSE_TOO_DEEP:
-		/* Fail closed: it could be TCP we cannot see. Sockets add at most
-		 * four extension headers; only raw sockets build deeper chains. */
-		return ctx_pod(&c) ? drop(&c) : TC_ACT_OK;
+	case PARSE_DROP:
+		/* Fail closed: it could be TCP we cannot see (sockets never send
+		 * such frames; raw and packet sockets can). */
+		return ctx_pod(&c) ? drop(&c) : SLUICE_NEXT;
+	case PARSE_UDP_FRAGMENT:
+		/* A DNS query too large for one packet: it cannot be translated
+		 * (the later fragments carry no ports), and must not reach the
+		 * resolver around the proxy. The datagram is lost without its
+		 * first fragment; other UDP is left alone (rule 5). */
+		if (c.f.dport == bpf_htons(53) && ctx_pod(&c) && (c.pod->flags & SLUICE_POD_DNS_CAPTURE))
+			return drop(&c);
+		return SLUICE_NEXT;
 	default:
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	}
 	/* A later packet of a TCP socket decided before: no lookup at all.
 	 * (TCP DNS flows are translated packet by packet: not remembered.) */
@@ -225,13 +245,14 @@ int pod_egress(struct __sk_buff *skb)
 			__u32 v = verdict_get(c.own);
 
 			if (v == SLUICE_VERDICT_PASS)
-				return TC_ACT_OK;
+				return SLUICE_NEXT;
 			if (v == SLUICE_VERDICT_OWNED)
-				return loop_to_ingress(&c, SLUICE_TAG_OWNED_DATA);
+				return loop_to_ingress(&c, proxy_may_be_gone(c.own) ? SLUICE_TAG_OWNED
+										: SLUICE_TAG_OWNED_DATA);
 		}
 	}
 	if (!ctx_pod(&c))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 
 	if (c.f.proto == IPPROTO_TCP)
 		return egress_tcp(&c);
@@ -248,12 +269,56 @@ static __always_inline int to_listener(struct ctx *c, const __u32 *daddr, __u16 
 {
 	struct bpf_sock *sk = pod_listener(c->skb, &c->f, c->cookie, daddr, port);
 
-	if (!sk || assign_release(c->skb, sk) < 0)
-		return drop(c);
+	if (!sk || assign_release(c->skb, sk) < 0) {
+		SLUICE_COUNT(c->cookie, dropped_pkts);
+		return -1;
+	}
 	/* Policy routing delivers a packet with the return mark locally, so a
 	 * foreign destination is accepted. */
 	c->skb->mark = c->cfg->return_mark;
-	return TC_ACT_OK;
+	return 0;
+}
+
+/*
+ * Turns the looped packet into a reset to its sender (the app's socket)
+ * and delivers that: the packet mirrored -- addresses, ports, sequence and
+ * acknowledgment numbers swapped, which changes no checksum -- with flags
+ * RST|ACK, which changes one word of the TCP checksum. Its sequence number
+ * is the app's acknowledgment, the app's rcv_nxt exactly, as RFC 5961 wants
+ * of an acceptable reset. The payload stays (a reset may carry data; the
+ * receiver ignores it). Counted as dropped: the packet never reached
+ * anyone.
+ */
+static __always_inline int reset_sender(struct ctx *c)
+{
+	struct tcp_start {
+		__be16 sport, dport;
+		__be32 seq, ack_seq;
+		__be16 doff_flags;
+	} in, out;
+	__u32 addr_off, addr_len;
+
+	if (load_hdr(c->skb, c->f.l4_off, &in, sizeof(in)) < 0)
+		return drop(c);
+	out.sport = in.dport;
+	out.dport = in.sport;
+	out.seq = in.ack_seq;
+	out.ack_seq = in.seq;
+	out.doff_flags = (in.doff_flags & bpf_htons(0xff00)) | bpf_htons(TCP_FLAG_RST | TCP_FLAG_ACK);
+	if (c->f.family == AF_INET) {
+		addr_off = c->f.l3_off + offsetof(struct iphdr, saddr);
+		addr_len = 4;
+	} else {
+		addr_off = c->f.l3_off + offsetof(struct ipv6hdr, saddr);
+		addr_len = 16;
+	}
+	if (bpf_l4_csum_replace(c->skb, c->f.l4_off + 16, in.doff_flags, out.doff_flags, 2) < 0 ||
+	    bpf_skb_store_bytes(c->skb, c->f.l4_off, &out, sizeof(out), 0) < 0 ||
+	    bpf_skb_store_bytes(c->skb, addr_off, c->f.daddr, addr_len, 0) < 0 ||
+	    bpf_skb_store_bytes(c->skb, addr_off + addr_len, c->f.saddr, addr_len, 0) < 0)
+		return drop(c);
+	SLUICE_COUNT(c->cookie, dropped_pkts);
+	return SLUICE_DONE;
 }
 
 /* A packet pod_egress looped back: hand it to the proxy socket chosen. */
@@ -277,22 +342,24 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 		if (!sk || assign_release(c->skb, sk) < 0)
 			return drop(c);
 		SLUICE_COUNT(c->cookie, dns_udp_queries);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	if (c->f.proto != IPPROTO_TCP)
 		return drop(c);
 
 	/* A later packet of a flow pod_egress found a proxy socket for (or of
-	 * a captured TCP DNS flow, now addressed to the pod itself): the
-	 * return mark makes its destination local, and the stack's own lookup
-	 * finds the same socket. Not assigning it lets IP early demux take
-	 * the socket's cached input route, so the packet skips both a second
-	 * socket lookup here and the policy-routed route lookup. Should the
-	 * socket be gone meanwhile, the packet is still delivered locally
-	 * (the stack answers with a reset): it never leaves the pod. */
+	 * a captured TCP DNS flow, now addressed to the pod itself, or of a
+	 * flow whose proxy end closed): delivered locally to the socket that
+	 * owns it. None any more: the proxy's socket is gone, and the stack
+	 * could not even answer with a reset (its source, the original
+	 * destination, is not a local address): reset the app instead. */
 	if (tag == SLUICE_TAG_OWNED && !(c->f.tcp_flags & TCP_FLAG_SYN)) {
+		sk = owner_lookup(c->skb, &c->f);
+		if (!sk)
+			return reset_sender(c);
+		bpf_sk_release(sk);
 		SLUICE_COUNT(c->cookie, owned_pkts);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 
 	/* Retransmitted SYNs go to the socket that owns the flow (request,
@@ -302,23 +369,23 @@ static __always_inline int ingress_looped(struct ctx *c, __u32 tag)
 		if (assign_release(c->skb, sk) < 0)
 			return drop(c);
 		SLUICE_COUNT(c->cookie, owned_pkts);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	if (!flow_is_syn(&c->f))
 		return drop(c); /* its proxy socket is gone: never leak it */
 
 	if (tag == SLUICE_TAG_DNS_TCP) {
 		addr_set_loopback(lo, c->f.family);
-		if (to_listener(c, lo, c->cfg->dns_port) != TC_ACT_OK)
+		if (to_listener(c, lo, c->cfg->dns_port) < 0)
 			return TC_ACT_SHOT;
 		SLUICE_COUNT(c->cookie, dns_tcp_conns);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	if (tag == SLUICE_TAG_OUTBOUND) {
-		if (to_listener(c, c->f.daddr, c->cfg->outbound_port) != TC_ACT_OK)
+		if (to_listener(c, c->f.daddr, c->cfg->outbound_port) < 0)
 			return TC_ACT_SHOT;
 		SLUICE_COUNT(c->cookie, outbound_conns);
-		return TC_ACT_OK;
+		return SLUICE_DONE;
 	}
 	return drop(c);
 }
@@ -336,7 +403,7 @@ static __always_inline int ingress_owned_data(struct __sk_buff *skb)
 	skb->mark = cfg->return_mark;
 	cookie = pod_cookie(skb);
 	SLUICE_COUNT(cookie, owned_pkts);
-	return TC_ACT_OK;
+	return SLUICE_DONE;
 }
 
 SEC("tc")
@@ -350,32 +417,45 @@ int pod_ingress(struct __sk_buff *skb)
 	if (mark == (SLUICE_TAG_MAGIC | SLUICE_TAG_OWNED_DATA))
 		return ingress_owned_data(skb);
 	if ((mark & SLUICE_TAG_MASK) == SLUICE_TAG_MAGIC)
-		return ctx_init(&c, skb) ? ingress_looped(&c, mark & ~SLUICE_TAG_MASK) : TC_ACT_OK;
+		return ctx_init(&c, skb) ? ingress_looped(&c, mark & ~SLUICE_TAG_MASK) : SLUICE_NEXT;
 
 	/* Rules 9 and 6: only TCP connection set-up is captured; every later
 	 * packet goes to the socket that owns its connection. Decided before
-	 * any map lookup: most packets are these. */
-	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
-		return TC_ACT_OK;
+	 * any map lookup: most packets are these. What cannot be judged is
+	 * dropped: the stack would reassemble it (or find the TCP header
+	 * behind a long chain) after this hook. */
+	switch (parse_flow(skb, &c.f)) {
+	case PARSE_OK:
+		if (c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
+			return SLUICE_NEXT;
+		break;
+	case PARSE_DROP:
+		return ctx_init(&c, skb) ? drop(&c) : SLUICE_NEXT;
+	default:
+		return SLUICE_NEXT; /* rule 9: UDP fragments too */
+	}
 	if (!ctx_init(&c, skb))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 
-	/* Virtual interfaces: TCP arriving there is outbound traffic. */
+	/* Virtual interfaces: TCP arriving there is outbound traffic. A real
+	 * inbound packet handed to the proxy goes on to the next program (lib/
+	 * verdict.h): others see inbound connection set-up as they would before
+	 * Istio's TPROXY rules. */
 	if (c.pod->reroute_count && is_reroute_iface(&c)) {
-		if (to_listener(&c, c.f.daddr, c.cfg->outbound_port) != TC_ACT_OK)
+		if (to_listener(&c, c.f.daddr, c.cfg->outbound_port) < 0)
 			return TC_ACT_SHOT;
 		SLUICE_COUNT(c.cookie, outbound_conns);
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	}
 	if (!(c.pod->flags & SLUICE_POD_INBOUND_CAPTURE) ||
 	    c.f.dport == bpf_htons(c.cfg->hbone_port) ||        /* rule 7 */
 	    is_probe_addr(&c, c.f.saddr) ||                       /* rule 8 */
 	    addr_is_loopback(c.f.daddr, c.f.family))
 		return pass(&c);
-	if (to_listener(&c, c.f.daddr, c.cfg->inbound_port) != TC_ACT_OK) /* rule 6 */
+	if (to_listener(&c, c.f.daddr, c.cfg->inbound_port) < 0) /* rule 6 */
 		return TC_ACT_SHOT;
 	SLUICE_COUNT(c.cookie, inbound_conns);
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }
 
 /* Rules 2 and 3, the answer: on lo, where the DNS listener's replies to the
@@ -390,22 +470,22 @@ int pod_lo_egress(struct __sk_buff *skb)
 
 	c.cfg = settings_get();
 	if (!c.cfg)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	if (parse_flow(skb, &c.f) != PARSE_OK || c.f.sport != bpf_htons(c.cfg->dns_port))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	c.cookie = pod_cookie(skb);
 	dns_nat_key(&c, &k, c.f.daddr, c.f.dport);
 	v = bpf_map_lookup_elem(&dns_nat, &k);
 	if (!v)
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	/* Only the DNS listener's answers: UDP from the loopback address it is
 	 * bound to, TCP from the pod address the query was translated to. */
 	if (!addr_is_loopback(c.f.saddr, c.f.family) &&
 	    !addr_eq(c.f.saddr, c.f.daddr, c.f.family))
-		return TC_ACT_OK;
+		return SLUICE_NEXT;
 	__builtin_memcpy(resolver, v->resolver_addr, 16);
 	if (nat_rewrite(skb, &c.f, 1, resolver, v->resolver_port) < 0)
 		return TC_ACT_SHOT;
 	SLUICE_COUNT(c.cookie, dns_answers);
-	return TC_ACT_OK;
+	return SLUICE_NEXT;
 }

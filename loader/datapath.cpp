@@ -6,6 +6,7 @@
 #include <net/if.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -266,7 +267,7 @@ Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options)
   SLUICE_TRY(ensureBpffsRoot(options.bpffsRoot));
   auto lock = StateLock::acquire(options.bpffsRoot);
   SLUICE_TRY(lock);
-  auto programs = PodPrograms::load(options.bpffsRoot);
+  auto programs = PodPrograms::load(options.bpffsRoot, options.snatEntries);
   SLUICE_TRY(programs);
   auto current = (*programs)->settings.lookup(0);
   bool fresh = !current || current->outbound_port == 0;
@@ -795,7 +796,7 @@ Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
   if (!nsAlive) spdlog::info("pod {}: netns {} is gone; its attachments went with it", id, path);
 
   // Node side: SNAT state, legacy filters.
-  for (const auto* m : {&programs_->snatFwd, &programs_->snatRev, &programs_->snatClosed})
+  for (const auto* m : {&programs_->snatRev, &programs_->snatClosed})
     for (const auto& k : m->keys()) {
       auto v = m->lookup(k);
       if (v && v->netns_cookie == rec.netns_cookie) keep(m->erase(k));
@@ -1070,11 +1071,20 @@ struct Hook {
   int ifindex;
   std::string ifname;
   TcHook hook;
-  int progFd;
-  std::string pin;  ///< tcx pin path
+  int (PodPrograms::*prog)() const;  ///< which of the programs
+  std::string pin;                   ///< tcx pin path
 };
 
 }  // namespace
+
+Result<PodPrograms*> Datapath::stagingPrograms() {
+  if (!staging_) {
+    auto p = PodPrograms::load(options_.bpffsRoot, options_.snatEntries);
+    SLUICE_TRY(p);
+    staging_ = std::move(*p);
+  }
+  return staging_.get();
+}
 
 PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, bool repair) {
   PodCheck out;
@@ -1093,7 +1103,10 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
     }
   };
   // A hook: attached (else re-attach), running our program (else swap it).
-  auto checkHook = [&](const Hook& h) {
+  auto checkHook = [&](const Hook& hk) {
+    struct : Hook {
+      int progFd;
+    } h{hk, (programs_.get()->*hk.prog)()};
     std::string where = h.ifname + " " + tcHookName(h.hook);
     uint32_t want = programId(h.progFd);
     uint32_t have = legacy ? legacyProgramId(h.ifindex, h.hook) : tcxProgramId(h.pin);
@@ -1106,6 +1119,30 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
         return attachTcx(h.ifindex, h.hook, h.progFd, h.pin);
       });
       return;
+    }
+    // sluice's program runs first (loader/tc.h): an earlier build's filter
+    // at the old priority, or a program someone put in front of the link,
+    // moves it back to the front (with this Datapath's program).
+    bool moved = false;
+    if (legacy && legacyAtOldPriority(h.ifindex, h.hook)) {
+      found("sluice's filter at " + where + " is at the old priority 0x51ce, after others",
+            [&] { return moveLegacyToFront(h.ifindex, h.hook, h.progFd); });
+      moved = repair;
+    } else if (!legacy) {
+      auto pos = tcxPosition(h.ifindex, h.hook, h.pin);
+      if (pos.ok() && *pos > 0) {
+        found(std::to_string(*pos) + " program(s) run before sluice's at " + where,
+              [&]() -> Status {
+                auto staging = stagingPrograms();
+                SLUICE_TRY(staging);
+                return moveTcxToFront(h.ifindex, h.hook, h.progFd, ((*staging)->*h.prog)(), h.pin);
+              });
+        moved = repair;
+      }
+    }
+    if (moved) {
+      if (have != want) out.programsReplaced++;  // the moved hook runs this Datapath's program
+      have = legacy ? legacyProgramId(h.ifindex, h.hook) : tcxProgramId(h.pin);
     }
     if (have != want && repair) {
       Status st = legacy ? replaceLegacyProgram(h.ifindex, h.hook, h.progFd) : updateTcx(h.pin, h.progFd);
@@ -1179,14 +1216,14 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
         out.problems.push_back("interface " + name + " is gone");
         continue;
       }
-      checkHook({l->ifindex, name, TcHook::Ingress, programs_->ingressFd(), dir + "/" + name + "_ingress"});
-      checkHook({l->ifindex, name, TcHook::Egress, programs_->egressFd(), dir + "/" + name + "_egress"});
+      checkHook({l->ifindex, name, TcHook::Ingress, &PodPrograms::ingressFd, dir + "/" + name + "_ingress"});
+      checkHook({l->ifindex, name, TcHook::Egress, &PodPrograms::egressFd, dir + "/" + name + "_egress"});
       auto al = acceptLocalOf(*l);
       if (al.ok() && *al != 1)
         found("accept_local is off on " + name, [&] { return setAcceptLocal(*nl, l->ifindex, 1); });
     }
     if (linkOf(static_cast<int>(rec.lo_ifindex)))
-      checkHook({static_cast<int>(rec.lo_ifindex), "lo", TcHook::Egress, programs_->loEgressFd(), dir + "/lo_egress"});
+      checkHook({static_cast<int>(rec.lo_ifindex), "lo", TcHook::Egress, &PodPrograms::loEgressFd, dir + "/lo_egress"});
     for (int family : {AF_INET, AF_INET6}) {
       if (!(rec.routes & (family == AF_INET ? SLUICE_ROUTES_V4 : SLUICE_ROUTES_V6))) continue;
       const char* fam = family == AF_INET ? "IPv4" : "IPv6";
@@ -1229,8 +1266,8 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
           return {};
         }
         for (TcHook hook : {TcHook::Egress, TcHook::Ingress}) {
-          int fd = hook == TcHook::Egress ? programs_->hostEgressFd() : programs_->hostIngressFd();
-          checkHook({static_cast<int>(rec.host_iface.ifindex), "host-side " + name, hook, fd,
+          auto prog = hook == TcHook::Egress ? &PodPrograms::hostEgressFd : &PodPrograms::hostIngressFd;
+          checkHook({static_cast<int>(rec.host_iface.ifindex), "host-side " + name, hook, prog,
                      hostPin(dir, rec.host_iface, hook)});
         }
         return {};
@@ -1305,6 +1342,10 @@ ReconcileReport Datapath::reconcile() {
       }
     }
   }
+  struct DropStaging {
+    std::unique_ptr<PodPrograms>& p;
+    ~DropStaging() { p.reset(); }
+  } dropStaging{staging_};
   for (const auto& key : keys) {
     std::string id = fromFixed(key.id, sizeof(key.id));
     auto rec = programs_->pods.lookup(key);

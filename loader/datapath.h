@@ -49,6 +49,10 @@ struct DatapathOptions {
   /// the root of the cgroup v2 hierarchy (every process of the node).
   std::string cgroupPath;
   Settings settings;
+  /// Probe SNAT connections held at once (snat_rev's capacity); the least
+  /// recently used are forgotten beyond it. Tests set it low to put the map
+  /// under pressure; every process sharing a bpffs root must agree.
+  uint32_t snatEntries = SLUICE_SNAT_ENTRIES;
 };
 
 /// An enrollment step outside the data plane, run by Datapath::addPod once
@@ -219,8 +223,13 @@ class Datapath {
   std::vector<PodStep> socketSteps(const std::string& id, sluice_pod_record& rec, NetlinkSocket& nl, int netnsFd,
                                    bool ipv6);
 
+  /// A second instance of the programs (same maps), loaded when a sweep
+  /// moves a tcx link to the front (moveTcxToFront); dropped after it.
+  Result<PodPrograms*> stagingPrograms();
+
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;
+  std::unique_ptr<PodPrograms> staging_;
 };
 
 }  // namespace sluice

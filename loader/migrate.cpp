@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
+#include <functional>
+#include <type_traits>
 #include <map>
 #include <optional>
 
@@ -58,8 +60,10 @@ static_assert(offsetof(sluice_pod_record, capture) == sizeof(PodRecordV2),
 
 // Copies every entry of an old map into a new one through @p convert; an
 // entry already in the new map (a resumed migration) is kept.
+// @p amend, when given, may change a converted value knowing its key.
 template <typename K, typename OldV, typename NewV, typename Convert>
-Status copyEntries(int oldFd, const BpfMap<K, NewV>& into, Convert convert, size_t& copied) {
+Status copyEntries(int oldFd, const BpfMap<K, NewV>& into, Convert convert, size_t& copied,
+                   const std::type_identity_t<std::function<void(const K&, NewV&)>>& amend = {}) {
   K cur{}, next{};
   const K* prev = nullptr;
   while (bpf_map_get_next_key(oldFd, prev, &next) == 0) {
@@ -68,7 +72,9 @@ Status copyEntries(int oldFd, const BpfMap<K, NewV>& into, Convert convert, size
     OldV old{};
     if (bpf_map_lookup_elem(oldFd, &cur, &old) != 0) continue;  // deleted meanwhile
     if (into.lookup(cur)) continue;
-    SLUICE_TRY(into.update(cur, convert(old), BPF_NOEXIST));
+    NewV v = convert(old);
+    if (amend) amend(cur, v);
+    SLUICE_TRY(into.update(cur, v, BPF_NOEXIST));
     copied++;
   }
   return {};
@@ -98,14 +104,36 @@ Status migratePodsPrefix(int oldFd, PodPrograms& p, uint32_t from, size_t& copie
       copied);
 }
 
-Status migratePodsFrom1(int oldFd, PodPrograms& p, size_t& copied) {
+Status migratePodsFrom1(int oldFd, PodPrograms& p, const std::string& /*root*/, size_t& copied) {
   return migratePodsPrefix<PodRecordV1>(oldFd, p, 1, copied);
 }
-Status migratePodsFrom2(int oldFd, PodPrograms& p, size_t& copied) {
+Status migratePodsFrom2(int oldFd, PodPrograms& p, const std::string& /*root*/, size_t& copied) {
   return migratePodsPrefix<PodRecordV2>(oldFd, p, 2, copied);
 }
 
-using MigrateFn = Status (*)(int oldFd, PodPrograms& p, size_t& copied);
+// `snat_rev` layout 1: the reverse half of a probe connection, its FIN flags
+// in the forward half (snat_fwd, same key and value types, keyed prober ->
+// pod as the prober sends it). Layout 2 is one element per connection: the
+// old reverse entries as they are, with the flags of their forward entries.
+Status migrateSnatRevFrom1(int oldFd, PodPrograms& p, const std::string& root, size_t& copied) {
+  std::string fwdPin = root + "/" + SLUICE_PIN_RETIRED_SNAT_FWD;
+  Fd fwd(bpf_obj_get(fwdPin.c_str()));  // absent: no flags to carry over
+  return copyEntries<sluice_snat_key, sluice_snat_value>(
+      oldFd, p.snatRev,
+      [&](const sluice_snat_value& old) { return old; }, copied, [&](const sluice_snat_key& k, sluice_snat_value& v) {
+        if (!fwd.valid()) return;
+        sluice_snat_key fk{};
+        std::memcpy(fk.saddr, v.addr, sizeof(fk.saddr));
+        std::memcpy(fk.daddr, k.saddr, sizeof(fk.daddr));
+        fk.sport = v.port;
+        fk.dport = k.sport;
+        fk.family = k.family;
+        sluice_snat_value fv{};
+        if (bpf_map_lookup_elem(fwd.get(), &fk, &fv) == 0) v.flags = fv.flags;
+      });
+}
+
+using MigrateFn = Status (*)(int oldFd, PodPrograms& p, const std::string& root, size_t& copied);
 struct Migrator {
   const char* name;
   uint32_t from;
@@ -114,7 +142,13 @@ struct Migrator {
 const Migrator kMigrators[] = {
     {SLUICE_PIN_PODS, 1, migratePodsFrom1},
     {SLUICE_PIN_PODS, 2, migratePodsFrom2},
+    {SLUICE_PIN_SNAT_REV, 1, migrateSnatRevFrom1},
 };
+
+// Maps earlier builds pinned and this one does not use: unpinned (and their
+// layouts forgotten) once every migration is done. A program still attached
+// keeps its map until its hook is switched.
+const char* const kRetiredPins[] = {SLUICE_PIN_RETIRED_SNAT_FWD};
 
 const Migrator* migratorFor(const std::string& name, uint32_t from) {
   for (const auto& m : kMigrators)
@@ -199,7 +233,7 @@ const std::vector<MapLayout>& mapLayouts() {
       {SLUICE_PIN_POD_STATS, SLUICE_LAYOUT_POD_STATS}, {SLUICE_PIN_DNS_NAT, SLUICE_LAYOUT_DNS_NAT},
       {"sock_verdict", SLUICE_LAYOUT_SOCK_VERDICT},    {SLUICE_PIN_POD_LISTENERS, SLUICE_LAYOUT_POD_LISTENERS},
       {SLUICE_PIN_PODS, SLUICE_LAYOUT_PODS},           {SLUICE_PIN_POD_ADDRS, SLUICE_LAYOUT_POD_ADDRS},
-      {SLUICE_PIN_SNAT_FWD, SLUICE_LAYOUT_SNAT_FWD},   {SLUICE_PIN_SNAT_REV, SLUICE_LAYOUT_SNAT_REV},
+      {SLUICE_PIN_SNAT_REV, SLUICE_LAYOUT_SNAT_REV},
       {SLUICE_PIN_SNAT_CLOSED, SLUICE_LAYOUT_SNAT_CLOSED}, {SLUICE_PIN_LAYOUTS, SLUICE_LAYOUT_LAYOUTS},
       {SLUICE_PIN_PROXY_IDENTITY, SLUICE_LAYOUT_PROXY_IDENTITY}, {SLUICE_PIN_PROXY_CGROUPS, SLUICE_LAYOUT_PROXY_CGROUPS},
       {SLUICE_PIN_POD_SOCK, SLUICE_LAYOUT_POD_SOCK},   {SLUICE_PIN_SOCK_ORIG, SLUICE_LAYOUT_SOCK_ORIG},
@@ -294,11 +328,21 @@ Status Migration::complete(PodPrograms& programs) {
     Fd old(bpf_obj_get(s.asidePin.c_str()));
     if (!old.valid()) return Error::fromErrno(errno, "open the old map " + s.asidePin);
     size_t copied = 0;
-    SLUICE_TRY(migratorFor(s.name, s.from)->fn(old.get(), programs, copied));
+    SLUICE_TRY(migratorFor(s.name, s.from)->fn(old.get(), programs, root_, copied));
     if (::unlink(s.asidePin.c_str()) != 0) return Error::fromErrno(errno, "unpin " + s.asidePin);
     (void)::rmdir(asideDir(root_).c_str());  // when it is empty
     spdlog::info("migrated pinned map {} from layout {} to {}: {} entr{} copied", s.name, s.from, s.to, copied,
                  copied == 1 ? "y" : "ies");
+  }
+  for (const char* name : kRetiredPins) {
+    std::string pin = root_ + "/" + name;
+    if (::unlink(pin.c_str()) == 0)
+      spdlog::info("removed pinned map {}, which this build no longer uses", pin);
+    else if (errno != ENOENT)
+      return Error::fromErrno(errno, "unpin " + pin);
+    sluice_layout_key k{};
+    std::strncpy(k.name, name, sizeof(k.name) - 1);
+    (void)programs.layouts.erase(k);
   }
   for (const auto& l : mapLayouts()) {
     sluice_layout_key k{};

@@ -20,11 +20,12 @@ inline constexpr std::pair<const char*, __u64 sluice_pod_stats::*> kPodCounters[
     {"dns_udp_queries", &sluice_pod_stats::dns_udp_queries},
     {"dns_answers", &sluice_pod_stats::dns_answers},
     {"owned_pkts", &sluice_pod_stats::owned_pkts},
-    {"passed_pkts", &sluice_pod_stats::passed_pkts},
     {"dropped_pkts", &sluice_pod_stats::dropped_pkts},
     {"probe_conns", &sluice_pod_stats::probe_conns},
 };
-static_assert(sizeof(sluice_pod_stats) == std::size(kPodCounters) * sizeof(__u64),
+// Every field but `reserved` (the never-used passed_pkts, kept for the map's
+// layout) is a counter users see.
+static_assert(sizeof(sluice_pod_stats) == (std::size(kPodCounters) + 1) * sizeof(__u64),
               "a counter of sluice_pod_stats is missing from kPodCounters");
 
 /// Calls f(name, field) for each counter, in wire order (field is a

@@ -23,9 +23,14 @@ int possibleCpus() {
 namespace {
 
 int libbpfPrint(enum libbpf_print_level level, const char* fmt, va_list args) {
-  char buf[1024];
-  int n = vsnprintf(buf, sizeof(buf), fmt, args);
-  std::string msg(buf, n > 0 ? std::min<size_t>(n, sizeof(buf) - 1) : 0);
+  // Whole: a verifier log is one message of many kilobytes, and its end is
+  // the part that says why.
+  va_list again;
+  va_copy(again, args);
+  int n = vsnprintf(nullptr, 0, fmt, args);
+  std::string msg(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) vsnprintf(msg.data(), msg.size() + 1, fmt, again);
+  va_end(again);
   while (!msg.empty() && msg.back() == '\n') msg.pop_back();
   // One level lower than libbpf's own: its warnings are often expected
   // probes, its debug output is verifier-level detail.
@@ -70,7 +75,6 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   SLUICE_TRY(bindMap(m.dns_nat, dnsNat));
   SLUICE_TRY(bindMap(m.pods, pods));
   SLUICE_TRY(bindMap(m.pod_addrs, podAddrs));
-  SLUICE_TRY(bindMap(m.snat_fwd, snatFwd));
   SLUICE_TRY(bindMap(m.snat_rev, snatRev));
   SLUICE_TRY(bindMap(m.snat_closed, snatClosed));
   SLUICE_TRY(bindMap(m.pod_listeners, podListeners));
@@ -101,7 +105,7 @@ Status PodPrograms::loadSocket(Skel* skel, int (*loadFn)(Skel*)) {
   return {};
 }
 
-Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) {
+Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, uint32_t snatEntries) {
   routeLibbpfLogging();
   // Checked before the load so that the error names the feature rather
   // than a verifier line.
@@ -119,12 +123,14 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   if (kfunc) {
     p->skel_ = pod_tc__open_opts(&opts);
     if (!p->skel_) return Error::fromErrno(errno, "open BPF object pod_tc");
+    bpf_map__set_max_entries(p->skel_->maps.snat_rev, snatEntries);
     p->sock_ = pod_sock__open_opts(&opts);
     if (!p->sock_) return Error::fromErrno(errno, "open BPF object pod_sock");
     objs = {p->skel_->obj, p->sock_->obj};
   } else {
     p->compat_ = pod_tc_compat__open_opts(&opts);
     if (!p->compat_) return Error::fromErrno(errno, "open BPF object pod_tc_compat");
+    bpf_map__set_max_entries(p->compat_->maps.snat_rev, snatEntries);
     p->sockCompat_ = pod_sock_compat__open_opts(&opts);
     if (!p->sockCompat_) return Error::fromErrno(errno, "open BPF object pod_sock_compat");
     objs = {p->compat_->obj, p->sockCompat_->obj};
@@ -154,6 +160,7 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root) 
   // name under the same root, so libbpf reuses them).
   p->host_ = host_tc__open_opts(&opts);
   if (!p->host_) return Error::fromErrno(errno, "open BPF object host_tc");
+  bpf_map__set_max_entries(p->host_->maps.snat_rev, snatEntries);
   if (int err = host_tc__load(p->host_); err != 0)
     return Error::fromErrno(err, "load node BPF programs (run with --log-level debug for the verifier log)");
   return p;

@@ -48,7 +48,9 @@ class PodPrograms {
   /// an error and leaves the pins as they are. A kernel that refuses the
   /// socket programs is no error: socketLoaded() is false, socketError()
   /// says why, and only the TC mode is available.
-  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root);
+  /// snatEntries: the capacity of snat_rev (probe SNAT connections); a
+  /// pinned map of another capacity is refused (Migration::plan names it).
+  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root, uint32_t snatEntries = SLUICE_SNAT_ENTRIES);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
   PodPrograms& operator=(const PodPrograms&) = delete;
@@ -73,8 +75,7 @@ class PodPrograms {
   BpfMap<sluice_dns_nat_key, sluice_dns_nat_value> dnsNat;
   BpfMap<sluice_pod_id, sluice_pod_record> pods;
   BpfMap<sluice_pod_addr, sluice_pod_addr_info> podAddrs;
-  BpfMap<sluice_snat_key, sluice_snat_value> snatFwd;
-  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;
+  BpfMap<sluice_snat_key, sluice_snat_value> snatRev;  ///< probe SNAT: one element per connection
   BpfMap<sluice_snat_key, sluice_snat_value> snatClosed;
   BpfMap<sluice_listener_key, __u64> podListeners;  ///< SOCKHASH: values are sockets
   BpfMap<sluice_layout_key, sluice_layout_value> layouts;

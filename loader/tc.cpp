@@ -3,10 +3,13 @@
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
 #include <spdlog/spdlog.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 #include "loader/fd.h"
 
@@ -19,10 +22,48 @@ namespace {
 constexpr int kBpfTcxIngress = 46;
 constexpr int kBpfTcxEgress = 47;
 constexpr int kBpfLinkTypeTcx = 11;
+constexpr __u32 kBpfFBefore = 1U << 3;  // mprog: before the anchor; none given: at the front
 
 // sluice's cls_bpf filter: a fixed handle and priority so removal finds it.
+// Priority 1 runs before every other priority (tc.h); earlier builds used
+// 0x51ce, which the sweep moves.
 constexpr __u32 kLegacyHandle = 0x51ce;
-constexpr __u32 kLegacyPriority = 0x51ce;
+constexpr __u32 kLegacyPriority = 1;
+constexpr __u32 kOldLegacyPriority = 0x51ce;
+
+int tcxAttachType(TcHook hook) { return hook == TcHook::Ingress ? kBpfTcxIngress : kBpfTcxEgress; }
+
+// A tcx link of progFd at the front of the hook.
+Result<Fd> createTcxLink(int ifindex, TcHook hook, int progFd) {
+  LIBBPF_OPTS(bpf_link_create_opts, o, .flags = kBpfFBefore);
+  int fd = bpf_link_create(progFd, ifindex, static_cast<enum bpf_attach_type>(tcxAttachType(hook)), &o);
+  if (fd < 0) return tcxAttachError(errno, hook, ifindex);
+  return Fd(fd);
+}
+
+// BPF_PROG_QUERY's attributes as Linux 6.6 defines them (bookworm's uapi
+// header and libbpf 1.1 predate link_ids).
+struct ProgQueryAttr {
+  __u32 targetIfindex;
+  __u32 attachType;
+  __u32 queryFlags;
+  __u32 attachFlags;
+  __u64 progIds;
+  __u32 count;
+  __u32 pad;
+  __u64 progAttachFlags;
+  __u64 linkIds;
+  __u64 linkAttachFlags;
+  __u64 revision;
+};
+static_assert(sizeof(ProgQueryAttr) == 64);
+
+uint32_t linkIdOf(int linkFd) {
+  struct bpf_link_info info {};
+  __u32 len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(linkFd, &info, &len) != 0) return 0;
+  return info.id;
+}
 
 bpf_tc_attach_point legacyPoint(TcHook hook) { return hook == TcHook::Ingress ? BPF_TC_INGRESS : BPF_TC_EGRESS; }
 
@@ -37,14 +78,52 @@ Error tcxAttachError(int err, TcHook hook, int ifindex) {
 }
 
 Status attachTcx(int ifindex, TcHook hook, int progFd, const std::string& pinPath) {
-  int type = hook == TcHook::Ingress ? kBpfTcxIngress : kBpfTcxEgress;
-  int fd = bpf_link_create(progFd, ifindex, static_cast<enum bpf_attach_type>(type), nullptr);
-  if (fd < 0) return tcxAttachError(errno, hook, ifindex);
-  Fd link(fd);
+  auto link = createTcxLink(ifindex, hook, progFd);
+  SLUICE_TRY(link);
   ::unlink(pinPath.c_str());  // a stale pin of a link whose device is gone
-  if (bpf_obj_pin(link.get(), pinPath.c_str()) != 0)
+  if (bpf_obj_pin(link->get(), pinPath.c_str()) != 0)
     return Error::fromErrno(errno, "pin tcx link at " + pinPath);
   spdlog::debug("attached tcx {} on ifindex {} pinned at {}", tcHookName(hook), ifindex, pinPath);
+  return {};
+}
+
+Result<int> tcxPosition(int ifindex, TcHook hook, const std::string& pinPath) {
+  Fd link(bpf_obj_get(pinPath.c_str()));
+  if (!link.valid()) return Error::fromErrno(errno, "open pinned link " + pinPath);
+  uint32_t mine = linkIdOf(link.get());
+  std::vector<__u32> progs(64), links(64);
+  ProgQueryAttr attr{};
+  attr.targetIfindex = static_cast<__u32>(ifindex);
+  attr.attachType = static_cast<__u32>(tcxAttachType(hook));
+  attr.progIds = reinterpret_cast<__u64>(progs.data());
+  attr.linkIds = reinterpret_cast<__u64>(links.data());
+  attr.count = static_cast<__u32>(progs.size());
+  if (::syscall(__NR_bpf, BPF_PROG_QUERY, &attr, sizeof(attr)) != 0)
+    return Error::fromErrno(errno, std::string("query tcx ") + tcHookName(hook) + " on ifindex " + std::to_string(ifindex));
+  for (__u32 i = 0; i < attr.count && i < links.size(); i++)
+    if (links[i] == mine) return static_cast<int>(i);
+  return Error::msg("tcx link " + pinPath + " is not attached on ifindex " + std::to_string(ifindex), ENOENT);
+}
+
+Status moveTcxToFront(int ifindex, TcHook hook, int progFd, int stagingProgFd, const std::string& pinPath) {
+  Fd old(bpf_obj_get(pinPath.c_str()));
+  auto link = createTcxLink(ifindex, hook, stagingProgFd);
+  SLUICE_TRY(link);
+  // The new link takes the pin over in one rename (bpffs replaces the old
+  // pin, dropping its reference); ours keeps the old link until detached.
+  std::string tmp = pinPath + "_moving";  // bpffs refuses dots in names
+  ::unlink(tmp.c_str());
+  if (bpf_obj_pin(link->get(), tmp.c_str()) != 0) return Error::fromErrno(errno, "pin tcx link at " + tmp);
+  if (::rename(tmp.c_str(), pinPath.c_str()) != 0) {
+    int err = errno;
+    ::unlink(tmp.c_str());
+    return Error::fromErrno(err, "move pin " + tmp + " to " + pinPath);
+  }
+  if (old.valid() && bpf_link_detach(old.get()) != 0 && errno != ENOLINK && errno != ENOENT && errno != EINVAL)
+    return Error::fromErrno(errno, "detach the old link of " + pinPath);
+  if (bpf_link_update(link->get(), progFd, nullptr) != 0)
+    return Error::fromErrno(errno, "switch the moved link " + pinPath + " to program " + std::to_string(programId(progFd)));
+  spdlog::debug("moved tcx {} on ifindex {} to the front ({})", tcHookName(hook), ifindex, pinPath);
   return {};
 }
 
@@ -99,12 +178,36 @@ Result<bool> attachLegacy(int ifindex, TcHook hook, int progFd) {
   return created;
 }
 
-Status detachLegacy(int ifindex, TcHook hook, bool destroyClsact) {
+namespace {
+Status detachLegacyAt(int ifindex, TcHook hook, __u32 priority) {
   LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
-  LIBBPF_OPTS(bpf_tc_opts, o, .handle = kLegacyHandle, .priority = kLegacyPriority);
+  LIBBPF_OPTS(bpf_tc_opts, o, .handle = kLegacyHandle, .priority = priority);
   int err = bpf_tc_detach(&h, &o);
   if (err != 0 && err != -ENOENT && err != -EINVAL && err != -ENODEV)
     return Error::fromErrno(err, std::string("detach cls_bpf ") + tcHookName(hook) + " on ifindex " + std::to_string(ifindex));
+  return {};
+}
+
+uint32_t legacyProgramIdAt(int ifindex, TcHook hook, __u32 priority) {
+  LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
+  LIBBPF_OPTS(bpf_tc_opts, o, .handle = kLegacyHandle, .priority = priority);
+  if (bpf_tc_query(&h, &o) != 0) return 0;
+  return o.prog_id;
+}
+}  // namespace
+
+bool legacyAtOldPriority(int ifindex, TcHook hook) { return legacyProgramIdAt(ifindex, hook, kOldLegacyPriority) != 0; }
+
+Status moveLegacyToFront(int ifindex, TcHook hook, int progFd) {
+  SLUICE_TRY(attachLegacy(ifindex, hook, progFd));
+  return detachLegacyAt(ifindex, hook, kOldLegacyPriority);
+}
+
+Status detachLegacy(int ifindex, TcHook hook, bool destroyClsact) {
+  SLUICE_TRY(detachLegacyAt(ifindex, hook, kLegacyPriority));
+  SLUICE_TRY(detachLegacyAt(ifindex, hook, kOldLegacyPriority));
+  LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
+  int err = 0;
   if (destroyClsact) {
     // Destroying the clsact qdisc takes both hooks with it.
     h.attach_point = static_cast<bpf_tc_attach_point>(BPF_TC_INGRESS | BPF_TC_EGRESS);
@@ -118,13 +221,13 @@ Status detachLegacy(int ifindex, TcHook hook, bool destroyClsact) {
 bool legacyAttached(int ifindex, TcHook hook) { return legacyProgramId(ifindex, hook) != 0; }
 
 uint32_t legacyProgramId(int ifindex, TcHook hook) {
-  LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
-  LIBBPF_OPTS(bpf_tc_opts, o, .handle = kLegacyHandle, .priority = kLegacyPriority);
-  if (bpf_tc_query(&h, &o) != 0) return 0;
-  return o.prog_id;
+  if (uint32_t id = legacyProgramIdAt(ifindex, hook, kLegacyPriority)) return id;
+  return legacyProgramIdAt(ifindex, hook, kOldLegacyPriority);
 }
 
 Status replaceLegacyProgram(int ifindex, TcHook hook, int progFd) {
+  // An earlier build's filter: the new program goes in at priority 1.
+  if (legacyAtOldPriority(ifindex, hook)) return moveLegacyToFront(ifindex, hook, progFd);
   LIBBPF_OPTS(bpf_tc_hook, h, .ifindex = ifindex, .attach_point = legacyPoint(hook));
   LIBBPF_OPTS(bpf_tc_opts, o, .prog_fd = progFd, .flags = BPF_TC_F_REPLACE, .handle = kLegacyHandle,
               .priority = kLegacyPriority);

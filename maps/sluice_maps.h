@@ -137,7 +137,10 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_PIN_DNS_NAT "dns_nat"
 #define SLUICE_PIN_PODS "pods"
 #define SLUICE_PIN_POD_ADDRS "pod_addrs"
-#define SLUICE_PIN_SNAT_FWD "snat_fwd"
+/* Pins of earlier builds that a load removes once it has migrated them
+ * (loader/migrate.cpp). snat_fwd: the forward half of probe SNAT state,
+ * until snat_rev layout 2 kept one element per connection. */
+#define SLUICE_PIN_RETIRED_SNAT_FWD "snat_fwd"
 #define SLUICE_PIN_SNAT_REV "snat_rev"
 #define SLUICE_PIN_SNAT_CLOSED "snat_closed"
 #define SLUICE_PIN_POD_LISTENERS "pod_listeners"
@@ -173,8 +176,8 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_LAYOUT_POD_LISTENERS 1
 #define SLUICE_LAYOUT_PODS 3 /* 2: identity and hand-off state; 3: capture mode */
 #define SLUICE_LAYOUT_POD_ADDRS 1
-#define SLUICE_LAYOUT_SNAT_FWD 1
-#define SLUICE_LAYOUT_SNAT_REV 1
+#define SLUICE_LAYOUT_SNAT_REV 2 /* 2: one element per connection, with its FIN
+				  * flags (they were in snat_fwd, now retired) */
 #define SLUICE_LAYOUT_SNAT_CLOSED 1
 #define SLUICE_LAYOUT_LAYOUTS 1
 #define SLUICE_LAYOUT_PROXY_IDENTITY 1
@@ -236,8 +239,10 @@ struct sluice_pod_stats {
 	__u64 dns_udp_queries; /* datagrams handed to the DNS listener */
 	__u64 dns_answers;     /* answers given the resolver's address back */
 	__u64 owned_pkts;      /* later packets handed to a proxy-owned socket */
-	__u64 passed_pkts;     /* unused, always 0: passed packets are not counted (cost) */
-	__u64 dropped_pkts;    /* fail closed: no proxy socket to hand to */
+	__u64 reserved;        /* was passed_pkts, never counted (cost): kept so the
+				* layout of pinned maps stays; not shown anywhere */
+	__u64 dropped_pkts;    /* fail closed: no proxy socket to hand to, or a
+				* packet that cannot be judged (see README) */
 	__u64 probe_conns;     /* node-side: probe connections given the probe source */
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_stats) == 72, "sluice_pod_stats layout");
@@ -282,10 +287,11 @@ struct sluice_pod_addr_info {
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr_info) == 8, "sluice_pod_addr_info layout");
 
 /*
- * Probe SNAT state: one TCP connection as it appears on the wire at the
- * pod's host-side interface. snat_fwd: original (node addr:port -> pod
- * addr:port) -> translated source; snat_rev: the reply as the pod sends it
- * (pod addr:port -> probe addr:port) -> original node addr:port.
+ * Probe SNAT state: one element per translated TCP connection, in snat_rev
+ * (and snat_closed once it is over), both directions' state in it: keyed by
+ * the reply as the pod sends it (pod addr:port -> probe addr:translated
+ * port); the value is the original node addr:port, the FIN flags and the
+ * pod's cookie. An LRU eviction takes a connection whole.
  */
 struct sluice_snat_key {
 	__u8 saddr[16];
@@ -302,9 +308,10 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_snat_key) == 40, "sluice_snat_key layo
 #define SLUICE_SNAT_FIN_IN (1u << 1)  /* the pod sent FIN */
 
 struct sluice_snat_value {
-	__u8 addr[16]; /* fwd: probe address; rev: the prober's address */
-	__be16 port;   /* fwd: translated port; rev: the prober's port */
-	__u16 flags;   /* SLUICE_SNAT_FIN_* (kept in the fwd entry) */
+	__u8 addr[16]; /* the prober's address */
+	__be16 port;   /* the prober's port */
+	__u16 flags;   /* SLUICE_SNAT_FIN_*; port, flags and pad form one
+			* aligned 64-bit word, which the programs update atomically */
 	__u32 pad;
 	__u64 netns_cookie;
 };

@@ -113,15 +113,10 @@ struct {
 	__uint(pinning, LIBBPF_PIN_BY_NAME);
 } pod_addrs SEC(".maps");
 
-/* Node side: probe SNAT state, both directions. Bounded: LRU. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, SLUICE_SNAT_ENTRIES);
-	__type(key, struct sluice_snat_key);
-	__type(value, struct sluice_snat_value);
-	__uint(pinning, LIBBPF_PIN_BY_NAME);
-} snat_fwd SEC(".maps");
-
+/* Node side: probe SNAT state, one element per connection, keyed by the
+ * tuple of its replies (bpf/host_tc.bpf.c). Bounded: LRU, which evicts a
+ * connection whole. (snat_fwd, the forward half of layout 1, is gone: the
+ * loader migrates its flags and removes its pin.) */
 struct {
 	__uint(type, BPF_MAP_TYPE_LRU_HASH);
 	__uint(max_entries, SLUICE_SNAT_ENTRIES);
@@ -131,8 +126,8 @@ struct {
 } snat_rev SEC(".maps");
 
 /*
- * Closed probe connections, both directions' entries, moved here when the
- * live maps forget them: late packets (the ACK of a FIN in a simultaneous
+ * Closed probe connections, moved here when snat_rev forgets them (same
+ * key and value): late packets (the ACK of a FIN in a simultaneous
  * close, a FIN retransmitted after a lost last ACK) are still translated.
  * The role of conntrack's TIME_WAIT, bounded by count instead of time.
  */

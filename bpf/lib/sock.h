@@ -121,7 +121,11 @@ static __always_inline long assign_release(struct __sk_buff *skb, struct bpf_soc
  * The packet's own socket when it is the full TCP socket of exactly this
  * flow: what pod_egress's decision can be remembered on. Request,
  * time-wait and the stack's control sockets (resets, time-wait ACKs) do not
- * qualify, nor an IPv6 socket sending IPv4 (mapped addresses).
+ * qualify. An IPv6 socket sending IPv4 does: a dual-stack socket (bound to
+ * [::] without IPV6_V6ONLY, Java's default) connected to a v4-mapped
+ * address. Its IPv4 ends are in src_ip4 / dst_ip4 like an IPv4 socket's
+ * (the kernel keeps both in sock_common), its IPv6 destination is
+ * ::ffff:a.b.c.d.
  */
 static __always_inline struct bpf_sock *flow_socket(struct __sk_buff *skb, const struct flow *f)
 {
@@ -130,11 +134,16 @@ static __always_inline struct bpf_sock *flow_socket(struct __sk_buff *skb, const
 	if (!sk)
 		return 0;
 	sk = bpf_sk_fullsock(sk);
-	if (!sk || sk->protocol != IPPROTO_TCP || sk->family != f->family ||
-	    sk->src_port != bpf_ntohs(f->sport))
+	if (!sk || sk->protocol != IPPROTO_TCP || sk->src_port != bpf_ntohs(f->sport))
 		return 0;
-	if (f->family == AF_INET)
+	if (f->family == AF_INET) {
+		if (sk->family == AF_INET6 &&
+		    (sk->dst_ip6[0] || sk->dst_ip6[1] || sk->dst_ip6[2] != bpf_htonl(0xffff)))
+			return 0;
 		return sk->src_ip4 == f->saddr[0] && sk->dst_ip4 == f->daddr[0] ? sk : 0;
+	}
+	if (sk->family != AF_INET6)
+		return 0;
 	if (sk->src_ip6[0] != f->saddr[0] || sk->src_ip6[1] != f->saddr[1] ||
 	    sk->src_ip6[2] != f->saddr[2] || sk->src_ip6[3] != f->saddr[3] ||
 	    sk->dst_ip6[0] != f->daddr[0] || sk->dst_ip6[1] != f->daddr[1] ||

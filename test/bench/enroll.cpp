@@ -143,8 +143,7 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
     p->added.assign(static_cast<size_t>(pods), false);
     auto farm = PodFarm::create(pods);
     if (!farm.ok()) {
-      p->times.failures++;
-      p->times.firstError = farm.error().message;
+      p->times.fail(farm.error().message);
       paths.push_back(std::move(p));
       continue;
     }
@@ -158,24 +157,18 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       o.cgroupPath = socketHookCgroup();
       auto dp = Datapath::open(o);
       if (!dp.ok()) {
-        p->times.failures++;
-        p->times.firstError = "Datapath::open: " + dp.error().message;
+        p->times.fail("Datapath::open: " + dp.error().message);
         p->farm.reset();
       } else {
         p->dp = std::move(*dp);
       }
     } else if (!rules) {
-      p->times.failures++;
-      p->times.firstError = "no rule files";
+      p->times.fail("no rule files");
       p->farm.reset();
     }
     paths.push_back(std::move(p));
   }
 
-  auto fail = [](PathTimes& t, const std::string& e) {
-    t.failures++;
-    if (t.firstError.empty()) t.firstError = e;
-  };
   auto flavor = [](CaseKind k) { return k == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy; };
 
   // Enroll: pod 0 of every path, pod 1 of every path, ...
@@ -190,19 +183,19 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
         Result<PodInfo> info = Error::msg("not run");
         double ms = timeMs([&] { info = p->dp->addPod(spec); });
         if (!info.ok()) {
-          fail(t, "addPod " + spec.id + ": " + info.error().message);
+          t.fail("addPod " + spec.id + ": " + info.error().message);
           continue;
         }
         t.addMs.push_back(ms);
       } else {
         auto ns = openNetns(p->farm->path(i));
         if (!ns.ok()) {
-          fail(t, ns.error().message);
+          t.fail(ns.error().message);
           continue;
         }
         auto r = applyIstioRules(ns->get(), flavor(t.kind), *rules);
         if (!r.ok()) {
-          fail(t, r.error().message);
+          t.fail(r.error().message);
           continue;
         }
         t.addMs.push_back(r->total() * 1000);
@@ -266,19 +259,19 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
         std::string id = p->farm->name(i);
         double ms = timeMs([&] { st = p->dp->removePod(id); });
         if (!st.ok()) {
-          fail(t, "removePod " + id + ": " + st.error().message);
+          t.fail("removePod " + id + ": " + st.error().message);
           continue;
         }
         t.removeMs.push_back(ms);
       } else {
         auto ns = openNetns(p->farm->path(i));
         if (!ns.ok()) {
-          fail(t, ns.error().message);
+          t.fail(ns.error().message);
           continue;
         }
         auto r = removeIstioRules(ns->get(), flavor(t.kind), *rules);
         if (!r.ok()) {
-          fail(t, r.error().message);
+          t.fail(r.error().message);
           continue;
         }
         t.removeMs.push_back(r->total() * 1000);
@@ -315,13 +308,9 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
 
 CliResult runCliBench(int pods) {
   CliResult res;
-  auto fail = [&](const std::string& e) {
-    res.failures++;
-    if (res.firstError.empty()) res.firstError = e;
-  };
   auto farm = PodFarm::create(pods);
   if (!farm.ok()) {
-    fail(farm.error().message);
+    res.fail(farm.error().message);
     return res;
   }
   sluice::test::TestBpffs bpffs;
@@ -332,7 +321,7 @@ CliResult runCliBench(int pods) {
     argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(i)});
     auto r = spawnWait(argv);
     if (r.exitCode != 0) {
-      fail(r.describe("sluicectl pod add"));
+      res.fail(r.describe("sluicectl pod add"));
       continue;
     }
     added[static_cast<size_t>(i)] = true;
@@ -343,7 +332,7 @@ CliResult runCliBench(int pods) {
     if (!added[static_cast<size_t>(i)]) continue;
     auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "remove", "--id", (*farm)->name(i)});
     if (r.exitCode != 0) {
-      fail(r.describe("sluicectl pod remove"));
+      res.fail(r.describe("sluicectl pod remove"));
       continue;
     }
     res.removeMs.push_back(r.seconds * 1000);
@@ -361,13 +350,9 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
     if (gStop) break;
     HandOffResult res;
     res.mode = mode;
-    auto fail = [&](const std::string& e) {
-      res.failures++;
-      if (res.firstError.empty()) res.firstError = e;
-    };
     auto farm = PodFarm::create(pods);
     if (!farm.ok()) {
-      fail(farm.error().message);
+      res.fail(farm.error().message);
       out.push_back(res);
       continue;
     }
@@ -379,14 +364,14 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
     if (!socketHookCgroup().empty()) agentArgs.insert(agentArgs.end(), {"--cgroup", socketHookCgroup()});
     auto agent = sluice::test::AgentProcess::start(bpffs.root(), agentArgs, sock, (*farm)->nodePath());
     if (!agent.ok()) {
-      fail(agent.error().message);
+      res.fail(agent.error().message);
       out.push_back(res);
       continue;
     }
     NodeProxyConfig npc = sluice::test::testNodeProxyConfig(zds);
     auto proxy = NodeProxyStandIn::start(npc);
     if (!proxy.ok() || !(*proxy)->waitForEvent("snapshot", "", 10s)) {
-      fail(proxy.ok() ? "the node proxy stand-in got no snapshot" : proxy.error().message);
+      res.fail(proxy.ok() ? "the node proxy stand-in got no snapshot" : proxy.error().message);
       out.push_back(res);
       continue;
     }
@@ -414,12 +399,12 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
     for (int i = 0; i < pods && !gStop; i++) {
       auto in = tmp.write("conf.json", conf(i));
       if (!in.ok()) {
-        fail(in.error().message);
+        res.fail(in.error().message);
         continue;
       }
       auto r = spawnWaitEnv({cniBin}, env("ADD", i), *in);
       if (r.exitCode != 0) {
-        fail(r.describe("sluice-cni ADD"));
+        res.fail(r.describe("sluice-cni ADD"));
         continue;
       }
       added[static_cast<size_t>(i)] = true;
@@ -440,7 +425,7 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
       auto in = tmp.write("conf.json", conf(i));
       auto r = spawnWaitEnv({cniBin}, env("DEL", i), in.ok() ? *in : "");
       if (r.exitCode != 0) {
-        fail(r.describe("sluice-cni DEL"));
+        res.fail(r.describe("sluice-cni DEL"));
         continue;
       }
       res.removeMs.push_back(r.seconds * 1000);
@@ -502,14 +487,10 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
   ScaleResult res;
   res.pods = pods;
   res.mode = capture == CaptureMode::Socket ? "socket" : "tcx";
-  auto fail = [&](const std::string& e) {
-    res.failures++;
-    if (res.firstError.empty()) res.firstError = e;
-  };
   // One more pod than enrolled in process: sluicectl adds it at scale.
   auto farm = PodFarm::create(pods + 1);
   if (!farm.ok()) {
-    fail(farm.error().message);
+    res.fail(farm.error().message);
     return res;
   }
   sluice::test::TestBpffs bpffs;
@@ -521,7 +502,7 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
   o.cgroupPath = socketHookCgroup();
   auto dp = Datapath::open(o);
   if (!dp.ok()) {
-    fail("Datapath::open: " + dp.error().message);
+    res.fail("Datapath::open: " + dp.error().message);
     return res;
   }
   res.rssAfterOpenKb = vmRssKb();
@@ -538,7 +519,7 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     Result<PodInfo> info = Error::msg("not run");
     double ms = timeMs([&] { info = (*dp)->addPod(spec); });
     if (!info.ok()) {
-      fail("addPod " + spec.id + ": " + info.error().message);
+      res.fail("addPod " + spec.id + ": " + info.error().message);
       continue;
     }
     added[static_cast<size_t>(i)] = true;
@@ -555,15 +536,15 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     if (!socketHookCgroup().empty()) argv.insert(argv.end(), {"--cgroup", socketHookCgroup()});
     argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(pods)});
     auto r = spawnWait(argv);
-    if (r.exitCode != 0) fail(r.describe("sluicectl pod add"));
+    if (r.exitCode != 0) res.fail(r.describe("sluicectl pod add"));
     res.cliAddMs = r.seconds * 1000;
     res.cliAddRssKb = r.maxRssKb;
     r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list"});
-    if (r.exitCode != 0) fail(r.describe("sluicectl pod list"));
+    if (r.exitCode != 0) res.fail(r.describe("sluicectl pod list"));
     res.cliListMs = r.seconds * 1000;
     res.cliListRssKb = r.maxRssKb;
     r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "remove", "--id", (*farm)->name(pods)});
-    if (r.exitCode != 0) fail(r.describe("sluicectl pod remove"));
+    if (r.exitCode != 0) res.fail(r.describe("sluicectl pod remove"));
     res.cliRemoveMs = r.seconds * 1000;
     res.cliRemoveRssKb = r.maxRssKb;
   }
@@ -574,7 +555,7 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     Status st;
     double ms = timeMs([&] { st = (*dp)->removePod(id); });
     if (!st.ok()) {
-      fail("removePod " + id + ": " + st.error().message);
+      res.fail("removePod " + id + ": " + st.error().message);
       continue;
     }
     res.removeMs.push_back(ms);

@@ -37,13 +37,21 @@ class PodFarm {
   std::vector<std::string> pods_;
 };
 
+/// Counts a phase's failures and keeps the first one's text.
+struct Failures {
+  uint64_t failures = 0;
+  std::string firstError;
+  void fail(const std::string& what) {
+    failures++;
+    if (firstError.empty()) firstError = what;
+  }
+};
+
 /// Enroll / removal times of one path, milliseconds, in pod order.
-struct PathTimes {
+struct PathTimes : Failures {
   CaseKind kind;
   std::vector<double> addMs, removeMs;
   std::vector<double> v4Ms, v6Ms, routeMs;  ///< iptables paths: the three steps of an add
-  uint64_t failures = 0;
-  std::string firstError;
   std::vector<std::string> checks;  ///< what verified that the work was done
   bool verified = false;
 };
@@ -58,11 +66,9 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
 
 /// sluicectl as a process: `pod add` / `pod remove` times (including the
 /// process start and the program load it does every run) and peak RSS.
-struct CliResult {
+struct CliResult : Failures {
   std::vector<double> addMs, removeMs;
   long addMaxRssKb = 0, removeMaxRssKb = 0;
-  uint64_t failures = 0;
-  std::string firstError;
 };
 CliResult runCliBench(int pods);
 
@@ -70,12 +76,10 @@ CliResult runCliBench(int pods);
 /// proxy: the sluice-cni process (ADD, DEL) -> sluiced --ztunnel-socket ->
 /// AddWorkload and its ack from the node proxy stand-in, timed as whole
 /// processes. One agent and one stand-in per mode, pods in a PodFarm.
-struct HandOffResult {
+struct HandOffResult : Failures {
   std::string mode;  ///< socket (the CNI config's capture), or tcx / legacy (its tcMode)
   std::vector<double> addMs, removeMs;
   long addMaxRssKb = 0;
-  uint64_t failures = 0;
-  std::string firstError;
   std::vector<std::string> checks;
   bool verified = false;
 };
@@ -90,7 +94,7 @@ struct MapMem {
 std::vector<MapMem> mapMemory(const std::string& root);
 uint64_t fdinfoMemlock(int fd);
 
-struct ScaleResult {
+struct ScaleResult : Failures {
   std::string mode;  ///< "tcx" | "socket"
   int pods = 0;
   std::vector<double> addMs, removeMs;
@@ -100,8 +104,6 @@ struct ScaleResult {
   // sluicectl with `pods` pods enrolled
   double cliAddMs = 0, cliListMs = 0, cliRemoveMs = 0;
   long cliAddRssKb = 0, cliListRssKb = 0, cliRemoveRssKb = 0;
-  uint64_t failures = 0;
-  std::string firstError;
   bool verified = false;
 };
 /// @p pods pods enrolled in one Datapath captured as @p capture (TC: tcx).

@@ -42,8 +42,7 @@ KubeScaleResult runKubeScaleBench(int pods) {
   KubeScaleResult res;
   res.pods = pods;
   auto fail = [&](const std::string& e) {
-    res.failures++;
-    if (res.firstError.empty()) res.firstError = e;
+    res.fail(e);
     return res;
   };
   sluice::test::TestCgroupRoot cgroups;

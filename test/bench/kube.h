@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "test/bench/enroll.h"
+
 namespace sluice::bench {
 
 /// N running pods (each a process in a cgroup named as kubelet names it,
@@ -16,7 +18,7 @@ namespace sluice::bench {
 /// from that write to the last pod in the agent's registry with its
 /// hand-off acked (the registry polled every 10 ms), and to the last
 /// ambient.istio.io/redirection status patch the API server received.
-struct KubeScaleResult {
+struct KubeScaleResult : Failures {
   int pods = 0;
   double enrolledMs = NAN;   ///< label -> every pod enrolled and acked
   double annotatedMs = NAN;  ///< label -> every pod's "enabled" patch received
@@ -25,8 +27,6 @@ struct KubeScaleResult {
   long agentRssKb = 0;       ///< all pods enrolled
   long agentHwmKb = 0;       ///< its peak (VmHWM) over the run
   std::string skipped;  ///< why the phase did not run (no cgroup v2 mounted)
-  uint64_t failures = 0;
-  std::string firstError;
   std::vector<std::string> checks;
   bool verified = false;
 };

@@ -13,7 +13,7 @@
 #include "maps/sluice_maps.h"
 #include "test/bench/bpfstats.h"
 #include "test/bench/util.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::bench {
 
@@ -24,6 +24,7 @@ namespace tcpflag = sluice::test::tcpflag;
 
 std::string verdictName(int v) {
   switch (v) {
+    case -1: return "NEXT";
     case TC_ACT_OK: return "TC_ACT_OK";
     case TC_ACT_SHOT: return "TC_ACT_SHOT";
     case TC_ACT_REDIRECT: return "TC_ACT_REDIRECT";

@@ -188,7 +188,7 @@ const char* progName(Prog p) {
 
 std::string verdictName(int v) {
   switch (v) {
-    case TC_ACT_UNSPEC: return "TC_ACT_UNSPEC";
+    case kNext: return "NEXT (TCX_NEXT / TC_ACT_UNSPEC)";
     case TC_ACT_OK: return "TC_ACT_OK";
     case TC_ACT_RECLASSIFY: return "TC_ACT_RECLASSIFY";
     case TC_ACT_SHOT: return "TC_ACT_SHOT";
@@ -293,13 +293,12 @@ Status Sandbox::resetMaps() {
   for (const auto& k : p.dnsNat.keys()) SLUICE_TRY(p.dnsNat.erase(k));
   for (const auto& k : p.pods.keys()) SLUICE_TRY(p.pods.erase(k));
   for (const auto& k : p.podAddrs.keys()) SLUICE_TRY(p.podAddrs.erase(k));
-  for (const auto& k : p.snatFwd.keys()) SLUICE_TRY(p.snatFwd.erase(k));
   for (const auto& k : p.snatRev.keys()) SLUICE_TRY(p.snatRev.erase(k));
   for (const auto& k : p.snatClosed.keys()) SLUICE_TRY(p.snatClosed.erase(k));
   SLUICE_TRY(p.proxyIdentity.update(0, sluice_proxy_identity{}));
   for (const auto& k : p.proxyCgroups.keys()) SLUICE_TRY(p.proxyCgroups.erase(k));
   if (!p.podConfig.keys().empty() || !p.podStats.keys().empty() || !p.dnsNat.keys().empty() ||
-      !p.podAddrs.keys().empty() || !p.snatFwd.keys().empty() || !p.snatRev.keys().empty() ||
+      !p.podAddrs.keys().empty() || !p.snatRev.keys().empty() ||
       !p.snatClosed.keys().empty())
     return Error::msg("maps not empty after reset");
   return {};
@@ -461,12 +460,12 @@ Status Sandbox::addPodAddr(const std::string& addr, uint64_t cookie) {
   return {};
 }
 
-Status Sandbox::seedSnat(bool fwd, const sluice_snat_key& k, const sluice_snat_value& v) {
-  return (fwd ? programs().snatFwd : programs().snatRev).update(k, v);
+Status Sandbox::seedSnat(const sluice_snat_key& k, const sluice_snat_value& v) {
+  return programs().snatRev.update(k, v);
 }
 
-std::vector<std::pair<sluice_snat_key, sluice_snat_value>> Sandbox::snatEntries(bool fwd) const {
-  const auto& m = fwd ? programs().snatFwd : programs().snatRev;
+std::vector<std::pair<sluice_snat_key, sluice_snat_value>> Sandbox::snatEntries() const {
+  const auto& m = programs().snatRev;
   std::vector<std::pair<sluice_snat_key, sluice_snat_value>> out;
   for (const auto& k : m.keys())
     if (auto v = m.lookup(k)) out.emplace_back(k, *v);

@@ -31,14 +31,18 @@
 #include "loader/programs.h"
 #include "loader/result.h"
 #include "maps/sluice_maps.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 
 enum class Prog { Egress, Ingress, LoEgress, HostEgress, HostIngress };
 const char* progName(Prog p);
 
-/// TC verdicts by name ("TC_ACT_REDIRECT"), numbers only for unknown ones.
+/// What the programs return when they decide nothing (bpf/lib/verdict.h):
+/// TCX_NEXT on tcx, TC_ACT_UNSPEC on clsact -- the next program runs.
+constexpr int kNext = -1;
+
+/// TC verdicts by name ("TC_ACT_REDIRECT", "NEXT"), numbers only for unknown ones.
 std::string verdictName(int verdict);
 std::string hex32(uint32_t v);
 
@@ -122,10 +126,10 @@ class Sandbox {
   /// Seeds pod_addrs[addr] = {cookie} (Istio's probe ipset) and, unless
   /// there is one already, an empty pod_stats[cookie].
   Status addPodAddr(const std::string& addr, uint64_t cookie);
-  /// Seeds a probe SNAT entry (fwd: snat_fwd, else snat_rev).
-  Status seedSnat(bool fwd, const sluice_snat_key& k, const sluice_snat_value& v);
-  /// The whole snat_fwd (fwd) or snat_rev map, sorted by key text.
-  std::vector<std::pair<sluice_snat_key, sluice_snat_value>> snatEntries(bool fwd) const;
+  /// Seeds a probe SNAT connection (an element of snat_rev).
+  Status seedSnat(const sluice_snat_key& k, const sluice_snat_value& v);
+  /// The whole snat_rev map (one element per connection), sorted by key text.
+  std::vector<std::pair<sluice_snat_key, sluice_snat_value>> snatEntries() const;
   /// pod_stats[cookie] summed over CPUs (counters() for another cookie).
   std::optional<sluice_pod_stats> countersOf(uint64_t cookie) const;
 
@@ -164,7 +168,7 @@ class SandboxTest : public ::testing::Test {
   std::unique_ptr<Sandbox> sb_;
 };
 
-/// Counter values by name: "outbound_conns=1 passed_pkts=2" ("all zero").
+/// Counter values by name: "outbound_conns=1 dropped_pkts=2" ("all zero").
 std::string describeCounters(const sluice_pod_stats& s);
 bool operator==(const sluice_pod_stats& a, const sluice_pod_stats& b);
 
@@ -214,7 +218,7 @@ struct Case {
   std::vector<NatEntry> natSeed{};
   Sockets sockets = Sockets::None;
 
-  int verdict = TC_ACT_OK;
+  int verdict = kNext;
   std::optional<uint32_t> outMark{};   ///< nullopt: the input mark, unchanged
   std::optional<Packet> out{};         ///< nullopt: the input frame, unchanged
   sluice_pod_stats counts{};           ///< exact expected pod_stats sums

@@ -1,7 +1,7 @@
 // Malformed and unusual input through every program: never a crash (the
-// run completes), never a redirect or rewrite of something the spec leaves
-// alone; and headers of legal but uncommon shape (IPv4 options, IPv6
-// extension headers) still parsed at the right offsets.
+// run completes), never a redirect or rewrite of something it cannot judge;
+// and headers of legal but uncommon shape (IPv4 options, IPv6 extension
+// headers) still parsed at the right offsets.
 //
 // Each program gets base packets that it *would* act on when well formed:
 //   pod_egress    TCP SYN / UDP query from the pod to the resolver's port 53
@@ -10,8 +10,12 @@
 //                 15006 listener that means TC_ACT_SHOT)
 //   pod_lo_egress the DNS listener's TCP / UDP answers, with dns_nat entries
 //                 for them (translated)
-// so "left alone" (TC_ACT_OK, frame and mark unchanged, no dns_nat entry
-// added, nothing counted) is a real distinction.
+// so "left alone" (frame and mark unchanged, no dns_nat entry added,
+// nothing counted) is a real distinction. What the pod programs cannot
+// parse far enough to judge -- the kernel reassembles fragments and walks
+// extension headers only after TC -- is dropped and counted at the pod's
+// interfaces (spec, "Fail closed on what cannot be judged"); on lo, where
+// nothing leaves or enters the pod, it is left alone.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 
@@ -20,7 +24,7 @@
 #include <vector>
 
 #include "test/bpf/harness.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 namespace {
@@ -63,11 +67,19 @@ std::string nm(const Base& b, const Family& f, const std::string& s) {
   return std::string(b.tag) + "_" + f.tag + "_" + s;
 }
 
-// A case where the frame must be left alone.
-Case leftAlone(const Base& b, const Family& f, const std::string& name, const std::string& what, Packet in,
-               std::string bug = {}) {
-  return Case{.name = nm(b, f, name), .what = what, .prog = b.prog, .in = std::move(in), .natSeed = b.seeds(f),
-              .counts = b.passCounts, .bug = std::move(bug)};
+// What a program does with a malformed or unjudgeable frame.
+enum class Outcome { LeftAlone, Dropped };
+
+Case malformedCase(const Base& b, const Family& f, const std::string& name, const std::string& what, Packet in,
+                   Outcome o) {
+  Case c{.name = nm(b, f, name), .what = what, .prog = b.prog, .in = std::move(in), .natSeed = b.seeds(f),
+         .counts = b.passCounts};
+  if (o == Outcome::Dropped) {
+    c.what += ": dropped and counted (fail closed)";
+    c.verdict = TC_ACT_SHOT;
+    c.counts = {.dropped_pkts = 1};
+  }
+  return c;
 }
 
 std::vector<Case> leftAloneCases() {
@@ -77,84 +89,115 @@ std::vector<Case> leftAloneCases() {
       const Family& f = *fp;
       const bool v4 = &f == &kV4;
       const size_t l4 = kEth + ipHeaderLen(f);
-      auto add = [&](const std::string& name, const std::string& what, Packet in, std::string bug = {}) {
-        cs.push_back(leftAlone(b, f, name, what, std::move(in), std::move(bug)));
+      const bool onLo = b.prog == Prog::LoEgress;
+      // Cannot be judged: dropped at the pod's interfaces, left alone on lo.
+      auto unjudged = [&](const std::string& name, const std::string& what, Packet in) {
+        cs.push_back(malformedCase(b, f, name, what, std::move(in), onLo ? Outcome::LeftAlone : Outcome::Dropped));
+      };
+      auto leftAlone = [&](const std::string& name, const std::string& what, Packet in) {
+        cs.push_back(malformedCase(b, f, name, what, std::move(in), Outcome::LeftAlone));
       };
 
       // Truncated frames. (Shorter than Ethernet + the fixed IP header, the
       // kernel's test-run refuses them: TruncatedInsideIpHeaderRefused.)
-      add("truncated_ip_only", "a complete IP header, no transport header", b.tcp(f).truncate(l4));
-      add("truncated_tcp_4", "4 bytes of TCP header (ports only)", b.tcp(f).truncate(l4 + 4));
-      add("truncated_tcp_13", "13 bytes of TCP header (no flags byte)", b.tcp(f).truncate(l4 + 13));
-      add("truncated_udp_7", "7 bytes of UDP header", b.udp(f).truncate(l4 + 7));
+      unjudged("truncated_ip_only", "a complete IP header, no transport header", b.tcp(f).truncate(l4));
+      unjudged("truncated_tcp_4", "4 bytes of TCP header (ports only)", b.tcp(f).truncate(l4 + 4));
+      unjudged("truncated_tcp_13", "13 bytes of TCP header (no flags byte)", b.tcp(f).truncate(l4 + 13));
+      unjudged("truncated_udp_7", "7 bytes of UDP header", b.udp(f).truncate(l4 + 7));
       if (v4) {
-        add("truncated_ipv4_options", "ihl 15 but only 10 of the 40 option bytes",
-            b.tcp(f).ipv4Options(10).truncate(kEth + 30));
+        unjudged("truncated_ipv4_options", "ihl 15 but only 10 of the 40 option bytes",
+                 b.tcp(f).ipv4Options(10).truncate(kEth + 30));
       } else {
-        add("truncated_ipv6_ext_header", "a hop-by-hop header cut after 1 byte",
-            b.tcp(f).ext(ext6::HOPOPTS).truncate(l4 + 1));
-        add("truncated_after_ipv6_ext_header", "a 64-byte destination-options header, then nothing",
-            b.tcp(f).ext(ext6::DSTOPTS, 64).truncate(l4 + 64));
+        unjudged("truncated_ipv6_ext_header", "a hop-by-hop header cut after 1 byte",
+                 b.tcp(f).ext(ext6::HOPOPTS).truncate(l4 + 1));
+        unjudged("truncated_after_ipv6_ext_header", "a 64-byte destination-options header, then nothing",
+                 b.tcp(f).ext(ext6::DSTOPTS, 64).truncate(l4 + 64));
       }
       // A TCP header the kernel's TCP would throw away (tcp_v4_rcv /
       // tcp_v6_rcv: pskb_may_pull(th->doff * 4)); Istio's `-p tcp` match
       // hot-drops a header shorter than 20 bytes as well.
-      {
-        std::string bug;  // none: parse_flow() loads the whole 20-byte header and checks doff
-        add("truncated_tcp_18", "18 bytes of TCP header (flags present, checksum field complete, "
-            "urgent pointer missing)", b.tcp(f).truncate(l4 + 18), bug);
-        add("truncated_tcp_16", "16 bytes of TCP header (flags present, checksum field missing)",
-            b.tcp(f).truncate(l4 + 16), bug);
-      }
+      unjudged("truncated_tcp_18",
+               "18 bytes of TCP header (flags present, checksum field complete, urgent pointer missing)",
+               b.tcp(f).truncate(l4 + 18));
+      unjudged("truncated_tcp_16", "16 bytes of TCP header (flags present, checksum field missing)",
+               b.tcp(f).truncate(l4 + 16));
       // TCP data offset below the minimum.
       for (uint8_t doff = 0; doff < 5; doff++)
-        add("tcp_doff_" + std::to_string(doff), "TCP data offset " + std::to_string(doff) + " (< 5)",
-            b.tcp(f).tcpDataOffsetField(doff));
+        unjudged("tcp_doff_" + std::to_string(doff), "TCP data offset " + std::to_string(doff) + " (< 5)",
+                 b.tcp(f).tcpDataOffsetField(doff));
       // Bad IP headers.
       if (v4) {
         for (uint8_t ihl = 0; ihl < 5; ihl++)
-          add("ipv4_ihl_" + std::to_string(ihl), "IPv4 ihl " + std::to_string(ihl) + " (< 5)",
-              b.tcp(f).ihlField(ihl));
-        add("ipv4_version_6", "ethertype IPv4, version field 6", b.tcp(f).versionField(6));
+          unjudged("ipv4_ihl_" + std::to_string(ihl), "IPv4 ihl " + std::to_string(ihl) + " (< 5)",
+                   b.tcp(f).ihlField(ihl));
+        unjudged("ipv4_version_6", "ethertype IPv4, version field 6", b.tcp(f).versionField(6));
       } else {
-        add("ipv6_version_4", "ethertype IPv6, version field 4", b.tcp(f).versionField(4));
+        unjudged("ipv6_version_4", "ethertype IPv6, version field 4", b.tcp(f).versionField(4));
       }
-      // Fragments: the kernel's, never classified.
-      add("fragment_first_mf", "first fragment (MF set, offset 0)", b.tcp(f).fragment(true, 0));
-      add("fragment_last", "last fragment (offset 185, MF clear)", b.tcp(f).fragment(false, 185));
-      add("fragment_middle", "middle fragment (MF set, offset 185)", b.tcp(f).fragment(true, 185));
-      add("udp_fragment_first_mf", "UDP first fragment", b.udp(f).fragment(true, 0));
-      if (!v4)
-        add("fragment_after_hopopts", "hop-by-hop then a fragment header",
-            b.tcp(f).ext(ext6::HOPOPTS).fragment(true, 0));
-      // Too many IPv6 extension headers.
+      // Fragments of TCP: the kernel reassembles them after TC.
+      unjudged("fragment_first_mf", "first fragment of a TCP segment (MF set, offset 0)", b.tcp(f).fragment(true, 0));
+      unjudged("fragment_last", "last fragment of a TCP segment (offset 185, MF clear)", b.tcp(f).fragment(false, 185));
+      unjudged("fragment_middle", "middle fragment of a TCP segment (MF set, offset 185)", b.tcp(f).fragment(true, 185));
+      if (!v4) {
+        unjudged("fragment_after_hopopts", "hop-by-hop then a fragment header, TCP", b.tcp(f).ext(ext6::HOPOPTS).fragment(true, 0));
+        unjudged("atomic_fragment", "an IPv6 atomic fragment (offset 0, M clear): a whole TCP packet to the kernel",
+                 b.tcp(f).fragment(false, 0));
+        unjudged("atomic_fragment_then_dstopts", "an atomic fragment whose fragmentable part starts with "
+                 "destination options, then TCP", b.tcp(f).fragment(false, 0).ext(ext6::DSTOPTS));
+        unjudged("later_fragment_of_chain", "a later fragment whose fragmentable part started with an "
+                 "extension header: the payload's protocol is unknown", b.tcp(f).fragment(false, 3).ext(ext6::DSTOPTS));
+      }
+      // UDP fragments: only a DNS query leaving the pod matters (its first
+      // fragment), UDP is otherwise left alone (rules 5, 9).
+      if (b.prog == Prog::Egress) {
+        unjudged("udp_fragment_first_mf", "first fragment of a DNS query (UDP to port 53)", b.udp(f).fragment(true, 0));
+        unjudged("udp_fragment_first_ports_cut", "first fragment of a UDP datagram cut inside its ports",
+                 b.udp(f).fragment(true, 0).truncate(l4 + (v4 ? 0 : 8) + 3));
+        if (!v4)
+          unjudged("udp_atomic_fragment", "a DNS query as an IPv6 atomic fragment", b.udp(f).fragment(false, 0));
+        leftAlone("udp_fragment_first_other_port", "first fragment of UDP to port 5353 (rule 5)",
+                  b.udp(f).dst(f.resolver, 5353).fragment(true, 0));
+        leftAlone("udp_fragment_later", "a later UDP fragment: no ports, its first one decides", b.udp(f).fragment(false, 185));
+        {
+          Case c = malformedCase(b, f, "udp_fragment_first_capture_off", "first fragment of a DNS query, DNS capture off",
+                                 b.udp(f).fragment(true, 0), Outcome::LeftAlone);
+          c.pod.flags = SLUICE_POD_INBOUND_CAPTURE;
+          cs.push_back(std::move(c));
+        }
+      } else {
+        leftAlone("udp_fragment_first_mf", "UDP first fragment (rule 9 / not a query)", b.udp(f).fragment(true, 0));
+        leftAlone("udp_fragment_later", "a later UDP fragment", b.udp(f).fragment(false, 185));
+      }
+      // Fragments of a pod that is not enrolled are not sluice's.
+      {
+        Case c = malformedCase(b, f, "fragment_not_enrolled", "a TCP fragment in a netns that is not enrolled",
+                               b.tcp(f).fragment(true, 0), Outcome::LeftAlone);
+        c.pod.enrolled = false;
+        c.natSeed = {};
+        cs.push_back(std::move(c));
+      }
+      // Too many IPv6 extension headers: behind them there could be TCP the
+      // parser cannot see.
       if (!v4) {
         Packet p = b.tcp(f).ext(ext6::HOPOPTS);
         for (int i = 0; i < 6; i++) p.ext(ext6::DSTOPTS);
         Packet u = b.udp(f).ext(ext6::HOPOPTS);
         for (int i = 0; i < 6; i++) u.ext(ext6::DSTOPTS);
-        if (b.prog == Prog::Egress) {
-          // Fail closed on the way out: behind more extension headers than
-          // the parser walks there could be TCP it cannot see.
-          for (auto& [name, pkt] : {std::pair{std::string("ipv6_7_ext_headers"), p},
-                                    std::pair{std::string("udp_ipv6_7_ext_headers"), u}}) {
-            Case c = leftAlone(b, f, name, "7 extension headers at egress: dropped (fail closed)", pkt);
-            c.verdict = TC_ACT_SHOT;
-            c.counts = {.dropped_pkts = 1};
-            cs.push_back(std::move(c));
-          }
-        } else {
-          add("ipv6_7_ext_headers", "7 extension headers: more than the parser walks", p);
-          add("udp_ipv6_7_ext_headers", "UDP behind 7 extension headers", u);
-        }
+        unjudged("ipv6_7_ext_headers", "7 extension headers: more than the parser walks", p);
+        unjudged("udp_ipv6_7_ext_headers", "UDP behind 7 extension headers (it could as well be TCP)", u);
+        Packet q = b.tcp(f);
+        for (int i = 0; i < 8; i++) q.ext(ext6::DSTOPTS);
+        unjudged("ipv6_8_dstopts", "8 destination-options headers", q);
       }
-      // Not IP at all.
-      add("unknown_ethertype", "the IP packet behind an unknown ethertype 0x88b5", b.tcp(f).ethertype(0x88b5));
-      add("vlan_ethertype", "ethertype 802.1Q (not parsed)", b.tcp(f).ethertype(0x8100));
-      if (v4) add("arp", "an ARP request", Packet::arp(f.pod, f.remote));
+      // Not IP at all, or IP behind a tag the stack strips after TC.
+      leftAlone("unknown_ethertype", "the IP packet behind an unknown ethertype 0x88b5", b.tcp(f).ethertype(0x88b5));
+      unjudged("vlan_ethertype", "an 802.1Q tag still in the frame (a stacked one: the stack strips the outer "
+               "tag before TC ingress)", b.tcp(f).ethertype(0x8100));
+      unjudged("qinq_ethertype", "an 802.1ad tag in the frame", b.tcp(f).ethertype(0x88a8));
+      if (v4) leftAlone("arp", "an ARP request", Packet::arp(f.pod, f.remote));
       // Family mix-ups.
-      add("ethertype_swapped", "an IPv4 packet labelled IPv6 or the reverse",
-          b.tcp(f).ethertype(v4 ? kEthIPv6 : kEthIPv4));
+      unjudged("ethertype_swapped", "an IPv4 packet labelled IPv6 or the reverse",
+               b.tcp(f).ethertype(v4 ? kEthIPv6 : kEthIPv4));
     }
   }
   return cs;
@@ -301,13 +344,14 @@ TEST_F(SandboxTest, TruncatedInsideIpHeaderRefusedByTestRun) {
         EXPECT_EQ(r.error().code, EINVAL) << r.error().message;
       }
     }
-    // The first length test-run accepts: the programs see it (and pass it).
+    // The first length test-run accepts: the programs see it (and drop it:
+    // a TCP packet without its header cannot be judged).
     Bytes frame = Packet::tcp(f.pod, kApp, f.resolver, 53).truncate(l4).bytes();
     auto r = sb().run(Prog::Egress, frame);
     ASSERT_TRUE(r.ok()) << r.error().message;
-    EXPECT_EQ(verdictName(r->verdict), "TC_ACT_OK");
+    EXPECT_EQ(verdictName(r->verdict), "TC_ACT_SHOT");
   }
-  EXPECT_EQ(describeCounters(sb().counters().value_or(sluice_pod_stats{})), "all zero");
+  EXPECT_EQ(describeCounters(sb().counters().value_or(sluice_pod_stats{})), "dropped_pkts=2");
 }
 
 INSTANTIATE_TEST_SUITE_P(Malformed, PacketCase, ::testing::ValuesIn(leftAloneCases()), caseName);

@@ -27,7 +27,7 @@
 #include <vector>
 
 #include "test/bpf/harness.h"
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 namespace sluice::test {
 namespace {
@@ -342,16 +342,32 @@ std::vector<Case> ingressCases() {
                   .what = "a DNS_UDP tag on a TCP packet is inconsistent: dropped",
                   .prog = Prog::Ingress, .in = looped(f.pod, kDnsPort), .mark = tagMark(SLUICE_TAG_DNS_UDP),
                   .verdict = TC_ACT_SHOT, .outMark = kReturnMark, .counts = {.dropped_pkts = 1}});
-    cs.push_back({.name = nm(f, "tagged_owned_delivered_locally"),
-                  .what = "a packet tagged OWNED is left to the stack's socket lookup with the return mark "
-                          "(local delivery: it never leaves the pod, even if its proxy socket is gone)",
-                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK), .mark = tagMark(SLUICE_TAG_OWNED),
-                  .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_with_owner_delivered_locally"),
+                  .what = "a packet tagged OWNED whose proxy socket exists is delivered locally with the return "
+                          "mark, to the socket the stack finds",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.pod, kClientPort, f.remote, kServerPort, ACK),
+                  .mark = tagMark(SLUICE_TAG_OWNED), .sockets = Sockets::Connection,
+                  .verdict = TC_ACT_OK, .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_without_owner_reset"),
+                  .what = "a packet tagged OWNED whose proxy socket is gone becomes a reset to the app: mirrored, "
+                          "RST|ACK, seq = the app's ack; delivered locally, counted as dropped (it never leaves "
+                          "the pod, and the app learns at once)",
+                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK).seq(1000, 5000),
+                  .mark = tagMark(SLUICE_TAG_OWNED), .verdict = TC_ACT_OK, .outMark = kReturnMark,
+                  .out = Packet::tcp(f.remote, 80, f.pod, kApp, RST | ACK).seq(5000, 1000),
+                  .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "tagged_owned_data_segment_without_owner_reset"),
+                  .what = "the same for a data segment: the reset keeps the payload (the receiver ignores it), "
+                          "so every checksum is only adjusted for the flags",
+                  .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK | PSH).seq(7, 9).payload("leak?"sv),
+                  .mark = tagMark(SLUICE_TAG_OWNED), .verdict = TC_ACT_OK, .outMark = kReturnMark,
+                  .out = Packet::tcp(f.remote, 80, f.pod, kApp, RST | ACK).seq(9, 7).payload("leak?"sv),
+                  .counts = {.dropped_pkts = 1}});
     cs.push_back({.name = nm(f, "tagged_owned_data_delivered_locally"),
                   .what = "a packet tagged OWNED_DATA (egress: TCP without SYN, a proxy socket owns it) is "
                           "delivered locally with the return mark, unparsed, and counted",
                   .prog = Prog::Ingress, .in = looped(f.remote, 80, ACK), .mark = tagMark(SLUICE_TAG_OWNED_DATA),
-                  .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
+                  .verdict = TC_ACT_OK, .outMark = kReturnMark, .counts = {.owned_pkts = 1}});
     cs.push_back({.name = nm(f, "tagged_owned_syn_without_owner_dropped"),
                   .what = "a SYN tagged OWNED (egress never tags one so) takes the owner lookup: none, dropped",
                   .prog = Prog::Ingress, .in = looped(f.remote, 80, SYN), .mark = tagMark(SLUICE_TAG_OWNED),
@@ -479,7 +495,7 @@ TEST_F(SandboxTest, DnsUdpQueryThenAnswerRoundTrip) {
     // The listener bound to loopback answers the query's (unchanged) source.
     auto a = sb().run(Prog::LoEgress, Packet::udp(f.loopback, kDnsPort, pq.src.str(), *pq.sport).bytes());
     ASSERT_TRUE(a.ok()) << a.error().message;
-    EXPECT_EQ(verdictName(a->verdict), "TC_ACT_OK");
+    EXPECT_EQ(verdictName(a->verdict), verdictName(kNext));
     ParsedPacket pa = parsePacket(a->out);
     EXPECT_EQ(pa.src.str(), f.resolver) << pa.describe();
     EXPECT_EQ(pa.sport, 53);
@@ -510,13 +526,13 @@ TEST_F(SandboxTest, ProxyMarkCountsOnlyFromTheProxysCgroups) {
       return r.ok() ? verdictName(r->verdict) : "";
     };
     ASSERT_TRUE(p.proxyIdentity.update(0, sluice_proxy_identity{}).ok());
-    EXPECT_EQ(verdict(), "TC_ACT_OK") << "check off: the mark alone exempts (Istio)";
+    EXPECT_EQ(verdict(), verdictName(kNext)) << "check off: the mark alone exempts (Istio), handed on";
     ASSERT_TRUE(p.proxyIdentity.update(0, sluice_proxy_identity{1, 0}).ok());
     EXPECT_EQ(verdict(), "TC_ACT_REDIRECT") << "check on, no proxy cgroup: a marked SYN is an app's";
     ASSERT_TRUE(p.proxyCgroups.update(*self + 1000000, sluice_proxy_cgroup{1, 0, 0}).ok());
     EXPECT_EQ(verdict(), "TC_ACT_REDIRECT") << "another cgroup's mark does not count";
     ASSERT_TRUE(p.proxyCgroups.update(*self, sluice_proxy_cgroup{1, 0, 0}).ok());
-    EXPECT_EQ(verdict(), "TC_ACT_OK") << "the proxy's cgroup with the mark is exempt";
+    EXPECT_EQ(verdict(), verdictName(kNext)) << "the proxy's cgroup with the mark is exempt, handed on";
     ASSERT_TRUE(p.proxyCgroups.erase(*self).ok());
     ASSERT_TRUE(p.proxyCgroups.erase(*self + 1000000).ok());
   }
@@ -540,11 +556,11 @@ TEST_F(SandboxTest, DnsTcpConversationRoundTrip) {
     const Step steps[] = {
         {Prog::Egress, Packet::tcp(f.pod, kApp, f.resolver, 53, SYN), TC_ACT_REDIRECT, tagMark(SLUICE_TAG_DNS_TCP),
          Packet::tcp(f.pod, kApp, f.pod, kDnsPort, SYN)},
-        {Prog::LoEgress, Packet::tcp(f.pod, kDnsPort, f.pod, kApp, SYN | ACK), TC_ACT_OK, 0,
+        {Prog::LoEgress, Packet::tcp(f.pod, kDnsPort, f.pod, kApp, SYN | ACK), kNext, 0,
          Packet::tcp(f.resolver, 53, f.pod, kApp, SYN | ACK)},
         {Prog::Egress, Packet::tcp(f.pod, kApp, f.resolver, 53, ACK | PSH).payload("\x00\x03qry"sv), TC_ACT_REDIRECT,
          tagMark(SLUICE_TAG_OWNED), Packet::tcp(f.pod, kApp, f.pod, kDnsPort, ACK | PSH).payload("\x00\x03qry"sv)},
-        {Prog::LoEgress, Packet::tcp(f.pod, kDnsPort, f.pod, kApp, ACK | PSH).payload("\x00\x03" "ans"sv), TC_ACT_OK, 0,
+        {Prog::LoEgress, Packet::tcp(f.pod, kDnsPort, f.pod, kApp, ACK | PSH).payload("\x00\x03" "ans"sv), kNext, 0,
          Packet::tcp(f.resolver, 53, f.pod, kApp, ACK | PSH).payload("\x00\x03" "ans"sv)},
     };
     int i = 0;

@@ -450,6 +450,11 @@ Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeo
   return got;
 }
 
+std::string echoOrError(int fd, const std::string& payload) {
+  auto r = echoRoundTrip(fd, payload);
+  return r.ok() ? *r : "error: " + r.error().message;
+}
+
 Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chrono::milliseconds timeout) {
   size_t sent = 0;
   while (sent < payload.size()) {

@@ -30,6 +30,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -201,6 +202,9 @@ Result<Fd> tcpConnect(const TestNetns& ns, const Endpoint& dst, const ConnectOpt
 /// Sends @p payload on a connected TCP socket and reads until as many bytes
 /// came back (or EOF / time-out); returns what was read.
 Result<std::string> echoRoundTrip(int fd, const std::string& payload, std::chrono::milliseconds timeout = kIoTimeout);
+/// echoRoundTrip's answer, or "error: " and the error's text (for tests
+/// that compare what a connection saw with one expectation).
+std::string echoOrError(int fd, const std::string& payload);
 
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
@@ -488,5 +492,11 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath);
 
 /// "ipv4" / "ipv6", for test names.
 inline const char* familyName(int family) { return family == AF_INET ? "ipv4" : "ipv6"; }
+
+/// "tcx_ipv4"-style test names for parameters std::tuple<TcMode, int family>
+/// (a GoogleTest name generator).
+inline constexpr auto modeFamilyName = [](const auto& info) {
+  return std::string(modeName(std::get<0>(info.param))) + "_" + familyName(std::get<1>(info.param));
+};
 
 }  // namespace sluice::test

@@ -16,6 +16,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <sys/un.h>
+
+#include <sys/socket.h>
+
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -584,11 +588,145 @@ TEST_P(AgentApi, MetricsAreServedOnLoopback) {
   EXPECT_NE(get("/healthz").find("200 OK"), std::string::npos);
 }
 
+// ---- The agent under abuse (issue 13, item 5) ----
+
+// A raw connection to the agent's unix socket (no client library: these
+// tests send what a client would not).
+Fd rawConnect(const std::string& path) {
+  Fd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un a{};
+  a.sun_family = AF_UNIX;
+  std::strncpy(a.sun_path, path.c_str(), sizeof(a.sun_path) - 1);
+  if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return Fd();
+  timeval tv{5, 0};
+  ::setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  return fd;
+}
+
+// Everything the agent sends until it closes (or 5 s pass).
+std::string readToEof(int fd) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n <= 0) return out;
+    out.append(buf, static_cast<size_t>(n));
+  }
+}
+
+// Connections beyond --max-connections are answered EBUSY at once and
+// closed (no thread each); once one closes, a new one is served.
+TEST_P(AgentApi, ConnectionsBeyondTheMaximumAreRefusedAtOnce) {
+  uint16_t port = freeLoopbackPort();
+  startAgent({"--max-connections", "3", "--metrics-address", "127.0.0.1:" + std::to_string(port)});
+  std::vector<Fd> held;
+  for (int i = 0; i < 3; i++) {
+    held.push_back(rawConnect(socket_));
+    ASSERT_TRUE(held.back().valid()) << std::strerror(errno);
+    // Served: each answers a request (so the agent counts it as live).
+    std::string req = R"({"version":1,"op":"list"})" "\n";
+    ASSERT_EQ(::send(held.back().get(), req.data(), req.size(), MSG_NOSIGNAL), static_cast<ssize_t>(req.size()));
+    char buf[512];
+    ASSERT_GT(::recv(held.back().get(), buf, sizeof(buf), 0), 0);
+  }
+  Fd extra = rawConnect(socket_);
+  ASSERT_TRUE(extra.valid());
+  std::string answer = readToEof(extra.get());
+  auto j = nlohmann::json::parse(answer, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << answer;
+  EXPECT_EQ(j["ok"], false);
+  EXPECT_EQ(j["error"]["code"], "EBUSY") << answer;
+  EXPECT_EQ(j["error"]["message"], "too many connections (3 served at once); try again") << answer;
+  held.pop_back();
+  bool served = false;
+  for (int i = 0; i < 50 && !served; i++) {
+    auto c = agent_->client();
+    served = c.ok() && c->listPods().ok();
+    if (!served) std::this_thread::sleep_for(50ms);
+  }
+  EXPECT_TRUE(served) << "no connection served after one of the three closed\n" << agent_->log();
+  std::string page = httpGetLoopback(port, "/metrics");
+  EXPECT_NE(page.find("sluice_agent_connections_refused_total{listener=\"api\"} "), std::string::npos) << page;
+  EXPECT_EQ(page.find("sluice_agent_connections_refused_total{listener=\"api\"} 0\n"), std::string::npos) << page;
+}
+
+// A client trickling a request byte by byte cannot hold its thread: the
+// whole request must arrive within --request-deadline-ms; it is told so and
+// closed, while other clients are served meanwhile.
+TEST_P(AgentApi, TricklingClientIsCutAtTheRequestDeadline) {
+  startAgent({"--request-deadline-ms", "700"});
+  Fd slow = rawConnect(socket_);
+  ASSERT_TRUE(slow.valid());
+  std::string partial = R"({"version":1,"op":"li)";
+  auto start = std::chrono::steady_clock::now();
+  bool cut = false;
+  for (char ch : partial) {
+    if (::send(slow.get(), &ch, 1, MSG_NOSIGNAL) != 1) {
+      cut = true;
+      break;
+    }
+    auto c = agent_->client();
+    ASSERT_TRUE(c.ok()) << "another client was not served while one trickled";
+    ASSERT_TRUE(c->listPods().ok());
+    std::this_thread::sleep_for(100ms);
+    if (std::chrono::steady_clock::now() - start > 3s) break;
+  }
+  std::string answer = readToEof(slow.get());
+  auto j = nlohmann::json::parse(answer, nullptr, false);
+  ASSERT_TRUE(j.is_object()) << "cut=" << cut << " answer: " << answer;
+  EXPECT_EQ(j["error"]["code"], "ETIMEDOUT") << answer;
+  EXPECT_EQ(j["error"]["message"], "request not complete within 700 ms") << answer;
+}
+
+// Text that is not UTF-8 in any field: a request's strings, an interface
+// name from the kernel. Answers stay valid JSON (U+FFFD for bad bytes),
+// the agent stays up.
+TEST_P(AgentApi, NonUtf8TextCrashesNothing) {
+  startAgent();
+  auto c = client();
+  for (std::string line : {std::string("{\"version\":1,\"op\":\"remove\",\"id\":\"\xff\xfe\"}"),
+                           std::string("{\"version\":1,\"op\":\"add\",\"pod\":{\"netns\":\"/x\xc3\x28\"}}"),
+                           std::string("\xff\xff\xff\n"), std::string("{\"version\":1,\"op\":\"remove\",\"id\":\"a\\udc80\"}")}) {
+    auto raw = c.roundTrip(line);
+    ASSERT_TRUE(raw.ok()) << raw.error().message << "\n" << agent_->log();
+    auto j = nlohmann::json::parse(*raw, nullptr, false);
+    ASSERT_TRUE(j.is_object()) << "not JSON: " << *raw;
+    EXPECT_EQ(j["ok"], false) << *raw;
+  }
+  // An interface of the pod whose name is not UTF-8 (the kernel allows it).
+  std::string bad = "e\xff" "x";
+  auto r = sh("ip -n " + topo_.pod().name() + " link add '" + bad + "' type veth peer name '" + bad + "y' && ip -n " +
+              topo_.pod().name() + " link set '" + bad + "' up");
+  ASSERT_EQ(r.exitCode, 0) << r.describe();
+  auto info = client().addPod(spec());
+  ASSERT_TRUE(info.ok()) << info.error().message << "\n" << agent_->log();
+  auto pods = client().listPods();
+  ASSERT_TRUE(pods.ok()) << pods.error().message << "\n" << agent_->log();
+  ASSERT_EQ(pods->size(), 1u);
+  // Through the agent (same bpffs root): the listing holds the pod with the
+  // non-UTF-8 interface name.
+  auto cli = runCommand({builtBinary("sluicectl"), "--bpffs", bpffs_.root(), "--socket", socket_, "pod", "list", "--json"});
+  EXPECT_EQ(cli.exitCode, 0) << cli.describe();
+  auto listed = nlohmann::json::parse(cli.out, nullptr, false);
+  ASSERT_TRUE(listed.is_array()) << cli.out;
+  EXPECT_EQ(listed.size(), 1u) << cli.out;
+  EXPECT_EQ(::kill(agent_->pid(), 0), 0) << "the agent died";
+}
+
 // Bad flags: a usage error on stderr, exit 2, nothing started.
 TEST(AgentCli, BadFlagsExitWithUsageError) {
   auto r = runCommand({builtBinary("sluiced"), "--metrics-address", "localhost"});
   EXPECT_EQ(r.exitCode, 2);
   EXPECT_EQ(r.err, "sluiced: --metrics-address: invalid address 'localhost' (expected HOST:PORT, e.g. 127.0.0.1:9464) (see sluiced --help)\n");
+  r = runCommand({builtBinary("sluiced"), "--max-connections", "0"});
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.err, "sluiced: invalid --max-connections '0' (expected a whole number > 0) (see sluiced --help)\n");
+  r = runCommand({builtBinary("sluiced"), "--request-deadline-ms", "soon"});
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.err, "sluiced: invalid --request-deadline-ms 'soon' (expected whole milliseconds > 0) (see sluiced --help)\n");
+  r = runCommand({builtBinary("sluiced"), "--wedged-after-ms", "0"});
+  EXPECT_EQ(r.exitCode, 2);
+  EXPECT_EQ(r.err, "sluiced: invalid --wedged-after-ms '0' (expected whole milliseconds > 0) (see sluiced --help)\n");
   auto help = runCommand({builtBinary("sluiced"), "--help"});
   EXPECT_EQ(help.exitCode, 0);
   EXPECT_NE(help.out.find("usage: sluiced"), std::string::npos);

@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
 #include <iostream>
 #include <thread>
 
@@ -514,6 +515,31 @@ TEST(HandOffLeaks, ThousandCyclesLeakNoAgentFd) {
   EXPECT_EQ(after, before) << "the agent's open fds grew over 1,000 hand-offs";
   std::cout << "agent fds before/after 1,000 add/remove cycles with hand-off: " << before << "/" << after << "\n";
   EXPECT_TRUE((*proxy)->runningPods().empty());
+}
+
+// /healthz tells a wedged agent without waiting on it: an add waiting for a
+// node proxy that never acks holds the datapath lock; past --wedged-after-ms
+// /healthz answers 503 naming why, and ok again once the add gave up.
+TEST_P(HandOff, HealthzFailsWhileTheAgentIsWedged) {
+  uint16_t port = freeLoopbackPort();
+  startAgent({"--metrics-address", "127.0.0.1:" + std::to_string(port), "--wedged-after-ms", "300"});
+  FakeZtunnel mute(zdsPath());
+  ASSERT_TRUE(mute.ok());
+  ASSERT_TRUE(mute.handshake().ok());
+  std::string h = httpGetLoopback(port, "/healthz");
+  EXPECT_NE(h.find("200 OK"), std::string::npos) << h;
+  auto pod = makePod("w");
+  auto add = std::async(std::launch::async, [&] { return client().addPod(pod->spec()); });
+  auto req = mute.request(3s);  // the add's AddWorkload, never acked
+  ASSERT_TRUE(req.ok()) << req.error().message;
+  std::this_thread::sleep_for(500ms);
+  h = httpGetLoopback(port, "/healthz");
+  EXPECT_NE(h.find("503 Service Unavailable"), std::string::npos) << h;
+  EXPECT_NE(h.find("wedged: the datapath lock has been held for"), std::string::npos) << h;
+  auto r = add.get();
+  EXPECT_FALSE(r.ok()) << "an add the node proxy never acked succeeded";
+  h = httpGetLoopback(port, "/healthz");
+  EXPECT_NE(h.find("200 OK"), std::string::npos) << h;
 }
 
 }  // namespace

@@ -45,11 +45,6 @@ using Labels = std::map<std::string, std::string>;
 const Labels kAmbient{{"istio.io/dataplane-mode", "ambient"}};
 constexpr const char* kRedirection = "ambient.istio.io/redirection";
 
-/// One echo on a connected socket: what came back, or the error's text.
-std::string echo(int fd, const std::string& payload) {
-  auto r = echoRoundTrip(fd, payload);
-  return r.ok() ? *r : "error: " + r.error().message;
-}
 
 /// A pod running on the node: its network (PodTopology), a process of it in
 /// a kubelet-named cgroup inside the pod netns, and a server on its node
@@ -267,7 +262,7 @@ TEST_F(KubeAgent, NamespaceLabelledEnrollsItsRunningPodsAndUnlabelledRemovesThem
 
   auto before = tcpConnect(a.topo.pod(), a.server->local());
   ASSERT_TRUE(before.ok()) << before.error().message;
-  ASSERT_EQ(echo(before->get(), "before"), "before");
+  ASSERT_EQ(echoOrError(before->get(), "before"), "before");
 
   ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
   ASSERT_TRUE(eventually([&] { return enrolled(a) && enrolled(b); }, 15s));
@@ -285,7 +280,7 @@ TEST_F(KubeAgent, NamespaceLabelledEnrollsItsRunningPodsAndUnlabelledRemovesThem
   EXPECT_EQ(info->identity.name, "web-a");
   EXPECT_EQ(info->identity.serviceAccount, "default");
 
-  EXPECT_EQ(echo(before->get(), "during"), "during") << "enrollment broke an open connection";
+  EXPECT_EQ(echoOrError(before->get(), "during"), "during") << "enrollment broke an open connection";
   ASSERT_TRUE(a.connectOut().ok());
   ASSERT_TRUE(b.connectOut().ok());
   EXPECT_TRUE(eventually([&] { return relayed(proxy, a) == 1 && relayed(proxy, b) == 1; }, 3s))
@@ -298,7 +293,7 @@ TEST_F(KubeAgent, NamespaceLabelledEnrollsItsRunningPodsAndUnlabelledRemovesThem
   ASSERT_TRUE(eventually([&] { return !enrolled(a) && !enrolled(b); }, 15s));
   ASSERT_TRUE(eventually([&] { return !redirection(a) && !redirection(b); }, 10s)) << "annotation left behind";
   EXPECT_TRUE(proxy.waitForEvent("del", a.uid, 3s));
-  EXPECT_EQ(echo(before->get(), "after"), "after") << "removal broke an open connection";
+  EXPECT_EQ(echoOrError(before->get(), "after"), "after") << "removal broke an open connection";
   ASSERT_TRUE(a.connectOut().ok());
   EXPECT_EQ(relayed(proxy, a), 1u) << "a connection after the removal went to the proxy";
   EXPECT_TRUE(enrolledNames().empty());

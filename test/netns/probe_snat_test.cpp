@@ -49,6 +49,8 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -193,6 +195,7 @@ class ProbeEnv {
     o.bpffsRoot = bpffs_.root();
     o.tcMode = mode_;
     o.capture = CaptureMode::Tc;  // the pod's side in the mode the test is named for
+    if (snatEntries_) o.snatEntries = snatEntries_;
     auto dp = Datapath::open(o);
     SLUICE_TRY(dp);
     dp_ = std::move(*dp);
@@ -200,6 +203,8 @@ class ProbeEnv {
   }
 
   TcMode mode() const { return mode_; }
+  /// The probe SNAT capacity of the next open() (0: the default).
+  void setSnatEntries(uint32_t n) { snatEntries_ = n; }
   Datapath& dp() { return *dp_; }
   PodPrograms& maps() { return dp_->programs(); }
   ProbeTopology& topo() { return topo_; }
@@ -262,6 +267,7 @@ class ProbeEnv {
   TestBpffs bpffs_;
   ProbeTopology topo_;
   std::unique_ptr<Datapath> dp_;
+  uint32_t snatEntries_ = 0;
   std::vector<std::string> enrolled_;
   std::vector<std::unique_ptr<ProxyStandIn>> proxies_;
   std::vector<std::unique_ptr<TcpServer>> apps_;
@@ -313,7 +319,7 @@ class ProbeSnat : public ::testing::TestWithParam<Param> {
   }
 
   std::string snatState() {
-    return "\nsnat_fwd:" + dumpSnat(env_->maps().snatFwd) + "\nsnat_rev:" + dumpSnat(env_->maps().snatRev) +
+    return "\nsnat_rev:" + dumpSnat(env_->maps().snatRev) + "\nsnat_closed:" + dumpSnat(env_->maps().snatClosed) +
            "\nstand-in:" + describeEvents(proxy_);
   }
 
@@ -351,8 +357,7 @@ TEST_P(ProbeSnat, Rule10NodeProbeReachesAppFromProbeAddress) {
   ASSERT_EQ(peers.size(), 1u);
   EXPECT_EQ(peers[0].ip(), probeIp()) << "prober's own address " << localOf(c->get()).str() << snatState();
   // While the connection is open, its translation is in the maps.
-  EXPECT_EQ(env_->maps().snatFwd.keys().size(), 1u) << snatState();
-  EXPECT_EQ(env_->maps().snatRev.keys().size(), 1u) << snatState();
+  EXPECT_EQ(env_->maps().snatRev.keys().size(), 1u) << "one element per connection" << snatState();
   // Delivered to the app directly: the proxy saw nothing.
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
@@ -383,7 +388,6 @@ TEST_P(ProbeSnat, Rule10NodeServerAnsweringThePodIsNotTranslated) {
   EXPECT_EQ((*server)->peers()[0].ip(), podIp());
   EXPECT_EQ(eventsOf(proxy_, "outbound").size(), 1u) << describeEvents(proxy_);
   EXPECT_EQ(env_->stats(podId()).probe_conns, 0u) << snatState();
-  EXPECT_TRUE(env_->maps().snatFwd.keys().empty()) << snatState();
   EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
 }
 
@@ -412,7 +416,6 @@ TEST_P(ProbeSnat, Rule11ForwardedRemoteTrafficIsCapturedNotTranslated) {
   // The app got the proxy's connection with the client's address (rule 6).
   ASSERT_TRUE(app_->waitForAccepts(1, kIoTimeout));
   EXPECT_EQ(app_->peers()[0].ip(), ProbeTopology::remoteAddr(family()));
-  EXPECT_TRUE(env_->maps().snatFwd.keys().empty()) << snatState();
   EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
   EXPECT_EQ(env_->stats(podId()).probe_conns, 0u);
   EXPECT_EQ(env_->stats(podId()).inbound_conns, 1u);
@@ -501,7 +504,6 @@ TEST_P(ProbeSnat, Rule10TwoProbersSamePortDoNotCollide) {
   EXPECT_TRUE(peers[0].port() == port || peers[1].port() == port)
       << "the first probe keeps its own port: " << peers[0].str() << " " << peers[1].str();
   std::cout << "[ probers  ] app saw " << peers[0].str() << " and " << peers[1].str() << "\n";
-  EXPECT_EQ(env_->maps().snatFwd.keys().size(), 2u) << snatState();
   EXPECT_EQ(env_->maps().snatRev.keys().size(), 2u) << snatState();
   EXPECT_EQ(env_->stats(podId()).probe_conns, 2u);
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
@@ -527,7 +529,7 @@ TEST_P(ProbeSnat, RemovePodRestoresPlainProbesAndLeavesNothing) {
   EXPECT_EQ(app_->peers()[0].ip(), probeIp());
   EXPECT_TRUE(env_->maps().podAddrs.lookup(podAddrKey(pod_->v4)));
   EXPECT_TRUE(env_->maps().podAddrs.lookup(podAddrKey(pod_->v6)));
-  EXPECT_EQ(entriesOfCookie(env_->maps().snatFwd, *cookie), 1u) << snatState();
+  EXPECT_EQ(entriesOfCookie(env_->maps().snatRev, *cookie), 1u) << snatState();
   if (mode() == TcMode::Tcx) {
     auto pins = entriesWithPrefix(dir, "host_");
     EXPECT_EQ(pins.size(), 2u) << join(pins);
@@ -554,9 +556,7 @@ TEST_P(ProbeSnat, RemovePodRestoresPlainProbesAndLeavesNothing) {
   EXPECT_FALSE(env_->maps().podAddrs.lookup(podAddrKey(pod_->v4)));
   EXPECT_FALSE(env_->maps().podAddrs.lookup(podAddrKey(pod_->v6)));
   EXPECT_TRUE(env_->maps().podAddrs.keys().empty());
-  EXPECT_EQ(entriesOfCookie(env_->maps().snatFwd, *cookie), 0u) << snatState();
   EXPECT_EQ(entriesOfCookie(env_->maps().snatRev, *cookie), 0u) << snatState();
-  EXPECT_TRUE(env_->maps().snatFwd.keys().empty()) << snatState();
   EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
   auto pins = entriesWithPrefix(dir, "host_");
   EXPECT_TRUE(pins.empty()) << join(pins);
@@ -603,27 +603,108 @@ TEST_P(ProbeSnat, TenThousandProbesLeaveNoSnatState) {
   EXPECT_EQ(failures, 0) << firstError;
 
   // The last connections' final ACKs may still be in flight.
-  size_t fwd = 0, rev = 0;
+  size_t rev = 0;
   auto deadline = Clock::now() + 2s;
   do {
-    fwd = env_->maps().snatFwd.keys().size();
     rev = env_->maps().snatRev.keys().size();
-    if (fwd == 0 && rev == 0) break;
+    if (rev == 0) break;
     std::this_thread::sleep_for(20ms);
   } while (Clock::now() < deadline);
   auto stats = env_->stats(podId());
-  RecordProperty("snat_fwd_left", static_cast<int>(fwd));
   RecordProperty("snat_rev_left", static_cast<int>(rev));
   RecordProperty("loop_ms", static_cast<int>(loopMs));
-  std::cout << "[ bounded  ] " << kConns << " probes in " << loopMs << " ms; left: snat_fwd=" << fwd
-            << " snat_rev=" << rev << "; probe_conns=" << stats.probe_conns << "\n";
-  EXPECT_LE(fwd, kBound) << snatState();
-  EXPECT_LE(rev, kBound);
+  std::cout << "[ bounded  ] " << kConns << " probes in " << loopMs << " ms; left: snat_rev=" << rev << "; probe_conns=" << stats.probe_conns << "\n";
+  EXPECT_LE(rev, kBound) << snatState();
   EXPECT_EQ(stats.probe_conns, static_cast<uint64_t>(kConns));
   ASSERT_TRUE(app_->waitForAccepts(kConns, kIoTimeout));
   size_t fromProbe = 0;
   for (const auto& p : app_->peers()) fromProbe += p.ip() == probeIp();
   EXPECT_EQ(fromProbe, static_cast<size_t>(kConns));
+  EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
+}
+
+// Probe SNAT under pressure (issue 13, item 6): three times more live probe
+// connections than snat_rev holds, from two node addresses with the same
+// source ports (so that translated ports collide and the second prober of a
+// port gets another one). The LRU map evicts connections, and an evicted
+// connection cannot work any more; what must hold is that a connection is
+// evicted whole: every connection with an element carries data both ways to
+// the right prober (one element holds both directions, so none is
+// translated one way and not the other), no prober ever gets another's data,
+// and no translated port is held by two elements.
+TEST_P(ProbeSnat, MoreLiveProbesThanTheMapHoldsNeverPartWays) {
+  constexpr uint32_t kCapacity = 128;
+  constexpr int kPerAddr = 3 * kCapacity / 2;
+  env_ = std::make_unique<ProbeEnv>(mode(), kind());
+  ASSERT_TRUE(env_->topo().ok()) << env_->topo().error();
+  auto pod = env_->topo().addPod();
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  pod_ = *pod;
+  env_->setSnatEntries(kCapacity);
+  enrollWithProxyAndApp();
+  if (HasFatalFailure()) return;
+  struct bpf_map_info info = {};
+  __u32 infoLen = sizeof(info);
+  ASSERT_EQ(bpf_obj_get_info_by_fd(env_->maps().snatRev.fd(), &info, &infoLen), 0);
+  ASSERT_EQ(info.max_entries, kCapacity) << "snat_rev's capacity";
+
+  struct Conn {
+    Fd fd;
+    Endpoint local;
+    std::string msg;
+  };
+  std::vector<Conn> conns;
+  const Endpoint dst = appEp();
+  const uint16_t firstPort = 40000;
+  for (int i = 0; i < kPerAddr; i++)
+    for (const auto& addr : {ProbeTopology::nodeAddr(family()), ProbeTopology::node2Addr(family())}) {
+      auto s = socketIn(env_->node(), family(), SOCK_STREAM);
+      ASSERT_TRUE(s.ok()) << s.error().message;
+      int one = 1;
+      ASSERT_EQ(::setsockopt(s->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+      Endpoint b = Endpoint::of(addr, static_cast<uint16_t>(firstPort + i));
+      ASSERT_EQ(::bind(s->get(), b.raw(), b.len), 0) << "bind " << b.str() << ": " << std::strerror(errno);
+      ASSERT_EQ(::connect(s->get(), dst.raw(), dst.len), 0)
+          << "connection " << conns.size() << " from " << b.str() << ": " << std::strerror(errno);
+      conns.push_back({std::move(*s), b, "conn-" + std::to_string(conns.size())});
+    }
+
+  // The elements left: unique translated ports, each held by one of ours.
+  std::map<std::string, uint16_t> xportOf;  // prober endpoint -> translated port
+  std::set<uint16_t> xports;
+  for (const auto& k : env_->maps().snatRev.keys()) {
+    auto v = env_->maps().snatRev.lookup(k);
+    if (!v) continue;  // evicted meanwhile
+    std::string prober = Endpoint::of(addrText(v->addr, k.family), ntohs(v->port)).str();
+    EXPECT_TRUE(xports.insert(ntohs(k.dport)).second) << "translated port " << ntohs(k.dport) << " held twice"
+                                                      << snatState();
+    EXPECT_TRUE(xportOf.emplace(prober, ntohs(k.dport)).second) << prober << " has two elements";
+  }
+  EXPECT_LE(xportOf.size(), size_t{kCapacity});
+  EXPECT_GT(xportOf.size(), size_t{0}) << "the newest connections keep their elements";
+  for (const auto& [prober, x] : xportOf)
+    EXPECT_TRUE(std::any_of(conns.begin(), conns.end(), [&](const Conn& c) { return c.local.str() == prober; }))
+        << "an element for " << prober << ", which is none of the probers";
+
+  // Every connection tries a round trip; those with an element must work.
+  int working = 0, broken = 0;
+  for (auto& c : conns) {
+    auto echoed = echoRoundTrip(c.fd.get(), c.msg, 500ms);
+    bool live = xportOf.count(c.local.str()) != 0;
+    if (echoed.ok()) {
+      EXPECT_EQ(*echoed, c.msg) << c.local.str() << " got another prober's data" << snatState();
+      working++;
+    } else {
+      broken++;
+      EXPECT_FALSE(live) << c.local.str() << " has an element (translated port " << xportOf[c.local.str()]
+                         << ") but no working connection: " << echoed.error().message;
+    }
+  }
+  std::cout << "[ pressure ] " << conns.size() << " live probes, capacity " << kCapacity << ": " << xportOf.size()
+            << " elements, " << working << " connections working, " << broken << " evicted\n";
+  EXPECT_GE(working, static_cast<int>(xportOf.size()));
+  // The app saw every accepted connection from the probe address.
+  for (const auto& p : app_->peers()) EXPECT_EQ(p.ip(), probeIp());
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
 }
 
@@ -661,18 +742,15 @@ TEST_P(ProbeSnat, AppClosingFirstLeavesNoSnatState) {
   });
   ASSERT_TRUE(st.ok()) << st.error().message << snatState();
   EXPECT_EQ(failures, 0) << firstError;
-  size_t fwd = 0, rev = 0;
+  size_t rev = 0;
   auto deadline = Clock::now() + 2s;
   do {
-    fwd = env_->maps().snatFwd.keys().size();
     rev = env_->maps().snatRev.keys().size();
-    if (fwd == 0 && rev == 0) break;
+    if (rev == 0) break;
     std::this_thread::sleep_for(20ms);
   } while (Clock::now() < deadline);
-  std::cout << "[ bounded  ] " << kConns << " app-closed probes; left: snat_fwd=" << fwd << " snat_rev=" << rev
-            << "\n";
-  EXPECT_LE(fwd, 64u) << snatState();
-  EXPECT_LE(rev, 64u);
+  std::cout << "[ bounded  ] " << kConns << " app-closed probes; left: snat_rev=" << rev << "\n";
+  EXPECT_LE(rev, 64u) << snatState();
   EXPECT_EQ(env_->stats(podId()).probe_conns, static_cast<uint64_t>(kConns));
 }
 
@@ -685,7 +763,6 @@ TEST_P(ProbeSnat, ProbeToClosedPortIsRefusedAndLeavesNoState) {
   ASSERT_FALSE(c.ok()) << "connected to a port nothing listens on";
   EXPECT_EQ(c.error().code, ECONNREFUSED) << c.error().message << snatState();
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
-  EXPECT_TRUE(env_->maps().snatFwd.keys().empty()) << snatState();
   EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
 }
@@ -714,7 +791,7 @@ TEST_P(ProbeSnat, ConnectionFromBeforeEnrollmentIsLeftAlone) {
   EXPECT_EQ(peers[0].str(), localOf(early->get()).str());
   EXPECT_EQ(peers[1].ip(), probeIp());
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
-  EXPECT_EQ(env_->maps().snatFwd.keys().size(), 1u) << snatState();
+  EXPECT_EQ(env_->maps().snatRev.keys().size(), 1u) << snatState();
 }
 
 // Two pods on one node: each probe is counted for the pod it went to, and
@@ -848,7 +925,6 @@ class ProbeSnatErrors : public ::testing::TestWithParam<TcMode> {
       auto v = env_->maps().podAddrs.lookup(k);
       EXPECT_FALSE(v && v->netns_cookie == *cookie) << "pod_addrs still has " << addrText(k.addr, k.family);
     }
-    EXPECT_EQ(entriesOfCookie(env_->maps().snatFwd, *cookie), 0u);
     EXPECT_EQ(entriesOfCookie(env_->maps().snatRev, *cookie), 0u);
     EXPECT_FALSE(env_->maps().podConfig.lookup(*cookie));
     for (const char* fam : {"-4", "-6"}) {

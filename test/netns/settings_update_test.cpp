@@ -27,11 +27,6 @@ namespace {
 
 std::string modeParamName(const ::testing::TestParamInfo<TcMode>& info) { return modeName(info.param); }
 
-/// One echo on a connected socket: what came back, or the error's text.
-std::string echo(int fd, const std::string& payload) {
-  auto r = echoRoundTrip(fd, payload);
-  return r.ok() ? *r : "error: " + r.error().message;
-}
 
 class SettingsUpdate : public ::testing::TestWithParam<TcMode> {
  protected:
@@ -92,7 +87,7 @@ TEST_P(SettingsUpdate, DnsCaptureFlipsLiveAndOpenConnectionsKeepWorking) {
 
   auto open = tcpConnect(h_->pod(), (*server)->local());
   ASSERT_TRUE(open.ok()) << open.error().message;
-  ASSERT_EQ(echo(open->get(), "before"), "before");
+  ASSERT_EQ(echoOrError(open->get(), "before"), "before");
   EXPECT_TRUE(dnsCaptured(1));
 
   auto off = update({.dnsCapture = false, .inboundCapture = true, .rerouteIfaces = {}});
@@ -103,13 +98,13 @@ TEST_P(SettingsUpdate, DnsCaptureFlipsLiveAndOpenConnectionsKeepWorking) {
   EXPECT_EQ(config()->flags & SLUICE_POD_DNS_CAPTURE, 0u);
   EXPECT_FALSE(dnsCaptured(2));
   EXPECT_TRUE((*udp53)->waitForDatagrams(1, kIoTimeout));
-  ASSERT_EQ(echo(open->get(), "during"), "during");
+  ASSERT_EQ(echoOrError(open->get(), "during"), "during");
 
   auto on = update({.dnsCapture = true, .inboundCapture = true, .rerouteIfaces = {}});
   ASSERT_TRUE(on.ok()) << on.error().message;
   EXPECT_TRUE(dnsCaptured(3));
   EXPECT_EQ((*udp53)->received().size(), 1u) << "a captured query reached the resolver";
-  ASSERT_EQ(echo(open->get(), "after"), "after");
+  ASSERT_EQ(echoOrError(open->get(), "after"), "after");
 
   auto pods = h_->datapath().listPods();
   ASSERT_EQ(pods.size(), 1u);
@@ -132,24 +127,24 @@ TEST_P(SettingsUpdate, InboundCaptureFlipsLive) {
 
   auto viaProxy = tcpConnect(h_->node(), podEp((*app)->port()));
   ASSERT_TRUE(viaProxy.ok()) << viaProxy.error().message;
-  ASSERT_EQ(echo(viaProxy->get(), "in-1"), "in-1");
+  ASSERT_EQ(echoOrError(viaProxy->get(), "in-1"), "in-1");
   ASSERT_TRUE(h_->waitForEvent("inbound")) << describe(h_->events());
 
   ASSERT_TRUE(update({.dnsCapture = true, .inboundCapture = false, .rerouteIfaces = {}}).ok());
   auto direct = tcpConnect(h_->node(), podEp((*app)->port()));
   ASSERT_TRUE(direct.ok()) << direct.error().message;
-  ASSERT_EQ(echo(direct->get(), "in-2"), "in-2");
+  ASSERT_EQ(echoOrError(direct->get(), "in-2"), "in-2");
   EXPECT_EQ(h_->events("inbound").size(), 1u) << describe(h_->events());
   ASSERT_TRUE((*app)->waitForAccepts(2, kIoTimeout));
   EXPECT_EQ((*app)->peers().back().str(), localOf(direct->get()).str()) << "the app saw the proxy, not the client";
-  ASSERT_EQ(echo(viaProxy->get(), "in-1 again"), "in-1 again");
+  ASSERT_EQ(echoOrError(viaProxy->get(), "in-1 again"), "in-1 again");
 
   ASSERT_TRUE(update({.dnsCapture = true, .inboundCapture = true, .rerouteIfaces = {}}).ok());
   auto again = tcpConnect(h_->node(), podEp((*app)->port()));
   ASSERT_TRUE(again.ok()) << again.error().message;
-  ASSERT_EQ(echo(again->get(), "in-3"), "in-3");
+  ASSERT_EQ(echoOrError(again->get(), "in-3"), "in-3");
   EXPECT_TRUE(eventually([&] { return h_->events("inbound").size() == 2; }, kIoTimeout)) << describe(h_->events());
-  ASSERT_EQ(echo(direct->get(), "in-2 again"), "in-2 again");
+  ASSERT_EQ(echoOrError(direct->get(), "in-2 again"), "in-2 again");
 }
 
 // Reroute interfaces resolve to the ifindexes of the pod's attached
@@ -175,7 +170,7 @@ TEST_P(SettingsUpdate, RerouteInterfacesResolveInThePod) {
 
   auto c = tcpConnect(h_->node(), Endpoint::of("10.200.7.2", (*app)->port()));
   ASSERT_TRUE(c.ok()) << c.error().message;
-  ASSERT_EQ(echo(c->get(), "rerouted"), "rerouted");
+  ASSERT_EQ(echoOrError(c->get(), "rerouted"), "rerouted");
   auto ev = h_->waitForEvent("outbound");
   ASSERT_TRUE(ev) << describe(h_->events());
   EXPECT_EQ(ev->listenerPort, 15001);

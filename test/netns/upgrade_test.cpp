@@ -26,6 +26,7 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
+#include <tuple>
 
 #include "loader/bpffs.h"
 #include "loader/datapath.h"
@@ -308,6 +309,97 @@ TEST_F(Layouts, InterruptedMigrationIsResumed) {
   EXPECT_EQ(pods[0].id, "resumed-pod");
   // Leave the root removable: the registry entry points at no netns.
   ASSERT_TRUE((*dp)->programs().pods.erase(key).ok());
+}
+
+// snat_rev layout 1 kept the reverse half of a probe connection and its FIN
+// flags in snat_fwd; layout 2 is one element per connection. A live
+// connection of layout 1 is carried over with its forward half's flags, and
+// snat_fwd leaves the root and `layouts`.
+TEST_F(Layouts, SnatRevLayout1IsMergedWithSnatFwdWhichIsRetired) {
+  {
+    auto dp = open();
+    ASSERT_TRUE(dp.ok()) << dp.error().message;
+  }
+  // The layout 1 state: snat_rev and snat_fwd as the build before pinned them.
+  std::string rev = bpffs_.root() + "/" + SLUICE_PIN_SNAT_REV;
+  std::string fwd = bpffs_.root() + "/" + SLUICE_PIN_RETIRED_SNAT_FWD;
+  ASSERT_EQ(::unlink(rev.c_str()), 0);
+  sluice_snat_key rk{}, fk{};
+  sluice_snat_value rv{}, fv{};
+  const uint8_t pod[4] = {10, 1, 0, 5}, probe[4] = {169, 254, 7, 127}, prober[4] = {10, 1, 0, 1};
+  std::memcpy(rk.saddr, pod, 4);
+  std::memcpy(rk.daddr, probe, 4);
+  rk.sport = htons(8080);
+  rk.dport = htons(40001);
+  rk.family = AF_INET;
+  std::memcpy(rv.addr, prober, 4);
+  rv.port = htons(40000);
+  rv.netns_cookie = 77;
+  std::memcpy(fk.saddr, prober, 4);
+  std::memcpy(fk.daddr, pod, 4);
+  fk.sport = htons(40000);
+  fk.dport = htons(8080);
+  fk.family = AF_INET;
+  std::memcpy(fv.addr, probe, 4);
+  fv.port = htons(40001);
+  fv.flags = SLUICE_SNAT_FIN_OUT;
+  fv.netns_cookie = 77;
+  for (auto [pin, k, v] : {std::tuple{rev, &rk, &rv}, std::tuple{fwd, &fk, &fv}}) {
+    int fd = bpf_map_create(BPF_MAP_TYPE_LRU_HASH, pin == rev ? "snat_rev" : "snat_fwd", sizeof(sluice_snat_key),
+                            sizeof(sluice_snat_value), SLUICE_SNAT_ENTRIES, nullptr);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    ASSERT_EQ(bpf_map_update_elem(fd, k, v, BPF_ANY), 0) << strerror(errno);
+    ASSERT_EQ(bpf_obj_pin(fd, pin.c_str()), 0) << strerror(errno);
+    ::close(fd);
+  }
+  {
+    int fd = pinFd(SLUICE_PIN_LAYOUTS);
+    ASSERT_GE(fd, 0) << strerror(errno);
+    for (const char* name : {SLUICE_PIN_SNAT_REV, SLUICE_PIN_RETIRED_SNAT_FWD}) {
+      sluice_layout_key k{};
+      std::strncpy(k.name, name, sizeof(k.name) - 1);
+      sluice_layout_value v{1, 0};
+      ASSERT_EQ(bpf_map_update_elem(fd, &k, &v, BPF_ANY), 0) << strerror(errno);
+    }
+    ::close(fd);
+  }
+
+  auto dp = open();
+  ASSERT_TRUE(dp.ok()) << dp.error().message;
+  auto got = (*dp)->programs().snatRev.lookup(rk);
+  ASSERT_TRUE(got.has_value()) << "the live connection was not carried over";
+  EXPECT_EQ(std::memcmp(got->addr, prober, 4), 0);
+  EXPECT_EQ(got->port, htons(40000));
+  EXPECT_EQ(got->flags, SLUICE_SNAT_FIN_OUT) << "the FIN flags of its snat_fwd entry";
+  EXPECT_EQ(got->netns_cookie, 77u);
+  EXPECT_FALSE(pathExists(fwd)) << "snat_fwd stayed pinned";
+  EXPECT_FALSE(pathExists(bpffs_.root() + "/migrate")) << "the old map stayed pinned";
+  sluice_layout_key k{};
+  std::strncpy(k.name, SLUICE_PIN_RETIRED_SNAT_FWD, sizeof(k.name) - 1);
+  EXPECT_FALSE((*dp)->programs().layouts.lookup(k).has_value()) << "snat_fwd's layout is still recorded";
+  std::strncpy(k.name, SLUICE_PIN_SNAT_REV, sizeof(k.name) - 1);
+  auto v = (*dp)->programs().layouts.lookup(k);
+  ASSERT_TRUE(v.has_value());
+  EXPECT_EQ(v->version, uint32_t{SLUICE_LAYOUT_SNAT_REV});
+}
+
+// Probe SNAT's capacity is part of snat_rev's layout: a process that asks
+// for another capacity than the pinned map's is refused, naming both.
+TEST_F(Layouts, OtherSnatCapacityIsRefused) {
+  {
+    auto dp = open();
+    ASSERT_TRUE(dp.ok()) << dp.error().message;
+  }
+  DatapathOptions o;
+  o.bpffsRoot = bpffs_.root();
+  o.snatEntries = 256;
+  auto dp = Datapath::open(o);
+  ASSERT_FALSE(dp.ok());
+  EXPECT_NE(dp.error().message.find("pinned map 'snat_rev' differs from this build's at the same layout " +
+                                    std::to_string(SLUICE_LAYOUT_SNAT_REV) + ": max entries " +
+                                    std::to_string(SLUICE_SNAT_ENTRIES) + " (this build: 256)"),
+            std::string::npos)
+      << dp.error().message;
 }
 
 }  // namespace

@@ -32,9 +32,26 @@ namespace {
 
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Reads one line (without its newline) of at most `max` bytes. ENOENT-free
-// EOF before any byte gives an empty optional.
-Result<std::optional<std::string>> readLine(int fd, std::string& buf, size_t max) {
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
+// Waits until fd is readable or the deadline passes (ETIMEDOUT).
+Status waitReadable(int fd, Clock::time_point deadline, const char* what) {
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    if (left <= 0) return Error::msg(std::string(what) + " not complete before the deadline", ETIMEDOUT);
+    pollfd p{fd, POLLIN, 0};
+    int n = ::poll(&p, 1, static_cast<int>(std::min<int64_t>(left, 1000)));
+    if (n > 0) return {};
+    if (n < 0 && errno != EINTR) return Error::fromErrno(errno, "poll");
+  }
+}
+
+// Reads one line (without its newline) of at most `max` bytes, whole before
+// `deadline`: a client trickling bytes cannot hold its thread. EOF before
+// any byte gives an empty optional.
+Result<std::optional<std::string>> readLine(int fd, std::string& buf, size_t max, Clock::time_point deadline) {
   for (;;) {
     auto nl = buf.find('\n');
     if (nl != std::string::npos) {
@@ -43,10 +60,11 @@ Result<std::optional<std::string>> readLine(int fd, std::string& buf, size_t max
       return std::optional<std::string>(line);
     }
     if (buf.size() > max) return Error::msg("request larger than " + std::to_string(max) + " bytes", EMSGSIZE);
+    SLUICE_TRY(waitReadable(fd, deadline, "request"));
     char chunk[8192];
     ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
     if (n < 0) {
-      if (errno == EINTR) continue;
+      if (errno == EINTR || errno == EAGAIN) continue;
       return Error::fromErrno(errno, "read request");
     }
     if (n == 0) {
@@ -129,7 +147,7 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
     // On the server's notifier thread, which nothing waits on: it may wait
     // for an add holding dpMu_.
     zo.onSnapshotAck = [p = a.get()](const std::string& uid, const std::string& error) {
-      std::lock_guard<std::mutex> g(p->dpMu_);
+      DpGuard g(*p);
       for (const auto& pod : p->dp_->listPods())
         if (pod.identity.uid == uid)
           (void)p->dp_->setHandoff(pod.id, error.empty() ? HandoffState::Acked : HandoffState::Failed, error);
@@ -307,14 +325,29 @@ void Agent::acceptLoop(int listenFd, bool metrics) {
       if (errno != EINTR && errno != EAGAIN && errno != ECONNABORTED) spdlog::warn("accept: {}", std::strerror(errno));
       continue;
     }
-    // A client that sends nothing must not hold its thread for ever.
-    timeval tv{30, 0};
-    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    // A client that reads nothing must not hold its thread for ever
+    // (requests have their deadline in readLine).
+    timeval tv{10, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
     reapConnections(false);
     std::lock_guard<std::mutex> g(connMu_);
+    size_t live = 0;
+    for (const auto& k : conns_) live += k.metrics == metrics && !k.done;
+    if (live >= options_.maxConnections) {
+      // Answered at once and closed: a flood of clients costs no thread.
+      std::string why = "too many connections (" + std::to_string(options_.maxConnections) + " served at once); try again";
+      metrics_.connectionRefused(metrics);
+      if (metrics)
+        writeAll(fd, "HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: " +
+                         std::to_string(why.size() + 1) + "\r\nConnection: close\r\n\r\n" + why + "\n");
+      else
+        writeAll(fd, errorResponse(Error::msg(why, EBUSY)));
+      ::close(fd);
+      continue;
+    }
     Conn& c = conns_.emplace_back();
     c.fd = fd;
+    c.metrics = metrics;
     c.thread = std::thread([this, &c, metrics] {
       if (metrics)
         serveMetrics(c.fd);
@@ -329,11 +362,30 @@ void Agent::acceptLoop(int listenFd, bool metrics) {
 void Agent::serveApi(int fd) {
   std::string buf;
   while (!stopping_) {
-    auto line = readLine(fd, buf, kMaxRequestBytes);
+    auto line = readLine(fd, buf, kMaxRequestBytes, Clock::now() + options_.requestDeadline);
     if (!line.ok()) {
-      if (line.error().code == EMSGSIZE) {
+      // An idle connection past the deadline just closes; a partial or
+      // oversized request is told why.
+      if (line.error().code == EMSGSIZE || (line.error().code == ETIMEDOUT && !buf.empty())) {
         metrics_.request("invalid", false);
-        writeAll(fd, errorResponse(line.error()));
+        writeAll(fd, errorResponse(line.error().code == ETIMEDOUT
+                                       ? Error::msg("request not complete within " +
+                                                        std::to_string(options_.requestDeadline.count()) + " ms",
+                                                    ETIMEDOUT)
+                                       : line.error()));
+        // The client may still be sending the rest of an oversized line:
+        // closing now would fail its send (EPIPE) before it reads the
+        // answer. Drain it, bounded by the deadline and 1 MiB.
+        if (line.error().code == EMSGSIZE) {
+          ::shutdown(fd, SHUT_WR);
+          auto until = Clock::now() + options_.requestDeadline;
+          char sink[8192];
+          for (size_t drained = 0; drained < (1u << 20) && waitReadable(fd, until, "drain").ok();) {
+            ssize_t n = ::recv(fd, sink, sizeof(sink), 0);
+            if (n <= 0) break;
+            drained += static_cast<size_t>(n);
+          }
+        }
       }
       return;
     }
@@ -346,8 +398,15 @@ void Agent::serveMetrics(int fd) {
   // HTTP/1.0-style: read the request head, answer, close.
   std::string req;
   char chunk[2048];
+  auto deadline = Clock::now() + options_.requestDeadline;
   while (req.find("\r\n\r\n") == std::string::npos && req.find("\n\n") == std::string::npos && req.size() < 16384) {
+    if (!waitReadable(fd, deadline, "request").ok()) {
+      if (!req.empty())
+        writeAll(fd, "HTTP/1.1 408 Request Timeout\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
+      return;
+    }
     ssize_t n = ::recv(fd, chunk, sizeof(chunk), 0);
+    if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
     if (n <= 0) return;
     req.append(chunk, static_cast<size_t>(n));
   }
@@ -361,7 +420,14 @@ void Agent::serveMetrics(int fd) {
     if (target == "/metrics") {
       body = renderMetrics();
     } else if (target == "/healthz") {
-      body = "ok\n";
+      // Without waiting on the agent: a wedged agent is what it reports.
+      std::string why = wedged();
+      if (why.empty()) {
+        body = "ok\n";
+      } else {
+        status = "503 Service Unavailable";
+        body = "wedged: " + why + "\n";
+      }
     } else {
       status = "404 Not Found";
       body = "see /metrics\n";
@@ -386,8 +452,26 @@ void Agent::reconcileLoop() {
   }
 }
 
+Agent::DpGuard::DpGuard(Agent& a) : a_(a), lk_(a.dpMu_) { a_.dpHeldSinceNs_.store(nowNs()); }
+Agent::DpGuard::~DpGuard() { a_.dpHeldSinceNs_.store(0); }
+
+std::string Agent::wedged() const {
+  int64_t now = nowNs();
+  auto secs = [](int64_t ns) { return std::to_string(ns / 1000000000) + " s"; };
+  const int64_t bound = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.wedgedAfter).count();
+  if (int64_t since = dpHeldSinceNs_.load(); since != 0 && now - since > bound)
+    return "the datapath lock has been held for " + secs(now - since);
+  if (options_.reconcileInterval.count() > 0) {
+    int64_t last = lastReconcileNs_.load();
+    const int64_t interval = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.reconcileInterval).count();
+    if (last != 0 && now - last > interval + bound)
+      return "no reconcile sweep for " + secs(now - last) + " (one every " + secs(interval) + " expected)";
+  }
+  return "";
+}
+
 ReconcileReport Agent::reconcileNow() {
-  std::lock_guard<std::mutex> g(dpMu_);
+  DpGuard g(*this);
   std::map<std::string, std::string> uids;  // of the pods the sweep may remove
   if (zds_)
     for (const auto& p : dp_->listPods()) uids[p.id] = p.identity.uid;
@@ -401,6 +485,7 @@ ReconcileReport Agent::reconcileNow() {
   lastReconcileError_ = r.errors.empty() ? "" : r.errors.front();
   metrics_.reconciled(r.removed.size(), r.repaired.size(), r.programsReplaced, r.errors.size());
   reconciles_++;
+  lastReconcileNs_.store(nowNs());
   return r;
 }
 
@@ -465,20 +550,20 @@ Result<std::string> Agent::removeLocked(const std::string& id) {
 AgentDataplane Agent::kubeDataplane() {
   AgentDataplane d;
   d.add = [this](const PodSpec& spec, bool handOffFatal) {
-    std::lock_guard<std::mutex> g(dpMu_);
+    DpGuard g(*this);
     return addLocked(spec, handOffFatal);
   };
   d.remove = [this](const std::string& id) -> Status {
-    std::lock_guard<std::mutex> g(dpMu_);
+    DpGuard g(*this);
     SLUICE_TRY(removeLocked(id));
     return {};
   };
   d.list = [this] {
-    std::lock_guard<std::mutex> g(dpMu_);
+    DpGuard g(*this);
     return dp_->listPods();
   };
   d.update = [this](const std::string& id, const CaptureSettings& s) {
-    std::lock_guard<std::mutex> g(dpMu_);
+    DpGuard g(*this);
     return dp_->updatePodSettings(id, s);
   };
   return d;
@@ -491,7 +576,7 @@ Result<json> Agent::dispatch(const Request& req) {
     SLUICE_TRY(r);
     return encodeAddResult(*r);
   }
-  std::lock_guard<std::mutex> g(dpMu_);
+  DpGuard g(*this);
   switch (req.op) {
     case Op::Add: {
       auto info = addLocked(req.pod, true);
@@ -601,7 +686,7 @@ std::string Agent::renderMetrics() {
   std::string out = metrics_.render();
   std::vector<PodCounters> counters;  // one per enrolled pod
   {
-    std::lock_guard<std::mutex> g(dpMu_);
+    DpGuard g(*this);
     auto stats = dp_->stats(std::nullopt);
     if (stats.ok()) counters = *stats;
   }

@@ -45,6 +45,16 @@ struct AgentOptions {
   /// watches nothing. The entry's agentSocket: cniAgentSocket, else socketPath.
   std::string cniConfDir;
   std::string cniAgentSocket;
+  /// Connections served at once, per listener (API, metrics); one more is
+  /// answered with an error (EBUSY / HTTP 503) and closed.
+  size_t maxConnections = 32;
+  /// A whole request (the API's line, the metrics request head) must
+  /// arrive within this; a client trickling bytes is answered ETIMEDOUT
+  /// (HTTP 408) and closed. Also how long an idle connection is kept.
+  std::chrono::milliseconds requestDeadline = std::chrono::seconds(10);
+  /// /healthz fails (503) when the datapath lock has been held this long,
+  /// or a reconcile sweep runs this much longer than its interval.
+  std::chrono::milliseconds wedgedAfter = std::chrono::seconds(10);
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -89,6 +99,20 @@ class Agent {
   void serveMetrics(int fd);
   void reconcileLoop();
   Health health();
+  /// Why the agent is wedged ("" when it is not), without waiting on it.
+  std::string wedged() const;
+  /// dpMu_, recording since when it is held (for wedged()).
+  class DpGuard {
+   public:
+    explicit DpGuard(Agent& a);
+    ~DpGuard();
+    DpGuard(const DpGuard&) = delete;
+    DpGuard& operator=(const DpGuard&) = delete;
+
+   private:
+    Agent& a_;
+    std::lock_guard<std::mutex> lk_;
+  };
   /// ZDS: AddWorkload of an enrolled pod with its netns and the ack
   /// (EnrollHook::apply); errors are retryable (EAGAIN). With
   /// @p takeBackOnRefusal an error ack is followed by DelWorkload (the
@@ -115,6 +139,7 @@ class Agent {
   std::thread apiThread_, metricsThread_, reconcileThread_;
   struct Conn {
     int fd = -1;
+    bool metrics = false;  ///< served on the metrics listener
     std::thread thread;
     std::atomic<bool> done{false};
   };
@@ -125,6 +150,10 @@ class Agent {
   std::condition_variable sweepCv_;
   std::chrono::steady_clock::time_point started_ = std::chrono::steady_clock::now();
   std::atomic<uint64_t> reconciles_{0};
+  /// steady_clock ns: since when dpMu_ is held, and when the last sweep
+  /// ended (0: none); read by wedged() without the lock.
+  std::atomic<int64_t> dpHeldSinceNs_{0};
+  std::atomic<int64_t> lastReconcileNs_{0};
   std::string lastReconcileError_;  ///< under dpMu_
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket

@@ -63,7 +63,7 @@ Result<std::string> Client::roundTrip(const std::string& line) {
 }
 
 Result<json> Client::call(const Request& req) {
-  auto line = roundTrip(encodeRequest(req).dump());
+  auto line = roundTrip(encodeRequest(req).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
   SLUICE_TRY(line);
   return decodeResponse(*line);
 }

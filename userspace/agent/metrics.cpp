@@ -87,6 +87,11 @@ void Metrics::cniConf(bool restored) {
   (restored ? cniRestores_ : cniErrors_)++;
 }
 
+void Metrics::connectionRefused(bool metricsListener) {
+  std::lock_guard<std::mutex> g(mu_);
+  (metricsListener ? refusedMetrics_ : refusedApi_)++;
+}
+
 std::string Metrics::render() const {
   std::lock_guard<std::mutex> g(mu_);
   std::string out;
@@ -117,6 +122,10 @@ std::string Metrics::render() const {
   metricHeader(out, "sluice_cni_conflist_restored_total", "counter",
                "Times sluice-cni was put back into the primary CNI conflist after it was rewritten without it.");
   out += "sluice_cni_conflist_restored_total " + std::to_string(cniRestores_) + "\n";
+  metricHeader(out, "sluice_agent_connections_refused_total", "counter",
+               "Connections refused because the listener already served its maximum (--max-connections).");
+  out += "sluice_agent_connections_refused_total{listener=\"api\"} " + std::to_string(refusedApi_) + "\n";
+  out += "sluice_agent_connections_refused_total{listener=\"metrics\"} " + std::to_string(refusedMetrics_) + "\n";
   return out;
 }
 

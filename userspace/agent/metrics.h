@@ -35,6 +35,8 @@ class Metrics {
   void reconciled(size_t removed, size_t repaired, int programsReplaced, size_t errors);
   /// The CNI config watcher put sluice-cni back (or failed to look).
   void cniConf(bool restored);
+  /// A connection refused because the listener served its maximum.
+  void connectionRefused(bool metricsListener);
 
   /// Everything the agent itself counts, with HELP and TYPE lines.
   std::string render() const;
@@ -46,6 +48,7 @@ class Metrics {
   Histogram remove_;
   uint64_t reconciles_ = 0, podsRemoved_ = 0, podsRepaired_ = 0, programsReplaced_ = 0, reconcileErrors_ = 0;
   uint64_t cniRestores_ = 0, cniErrors_ = 0;
+  uint64_t refusedApi_ = 0, refusedMetrics_ = 0;
 };
 
 /// Appends "# HELP name help\n# TYPE name type\n".

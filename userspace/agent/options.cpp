@@ -15,6 +15,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--cgroup DIR] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
                [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
+               [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
                [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -44,6 +45,12 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            CNI rewrites it without it (default: no watch)
   --cni-agent-socket PATH  the agentSocket written into that entry: this
                            socket as the host's runtime sees it (default: --socket)
+  --max-connections N      connections served at once per listener (API,
+                           metrics; default 32); more are refused at once
+  --request-deadline-ms MS a whole request must arrive within this (default
+                           10000); also how long an idle connection is kept
+  --wedged-after-ms MS     /healthz fails when the datapath lock is held this
+                           long or a sweep is this late (default 10000)
   --version                print the version
 
 )") + kubeUsage() + R"(
@@ -79,7 +86,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
                                       "--tc-mode", "--capture", "--cgroup", "--reconcile-interval",
                                       "--ztunnel-socket", "--ztunnel-timeout-ms", "--cni-conf-dir",
-                                      "--cni-agent-socket"};
+                                      "--cni-agent-socket", "--max-connections", "--request-deadline-ms",
+                                      "--wedged-after-ms"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -133,6 +141,14 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
       if (v.empty() || v.size() > 6 || !std::all_of(v.begin(), v.end(), ::isdigit) || std::stoul(v) == 0)
         return usageError("invalid --ztunnel-timeout-ms '" + v + "' (expected whole milliseconds > 0)");
       d.agent.ztunnelTimeout = std::chrono::milliseconds(std::stoul(v));
+    } else if (flag == "--max-connections") {
+      if (v.empty() || v.size() > 5 || !std::all_of(v.begin(), v.end(), ::isdigit) || std::stoul(v) == 0)
+        return usageError("invalid --max-connections '" + v + "' (expected a whole number > 0)");
+      d.agent.maxConnections = std::stoul(v);
+    } else if (flag == "--request-deadline-ms" || flag == "--wedged-after-ms") {
+      if (v.empty() || v.size() > 7 || !std::all_of(v.begin(), v.end(), ::isdigit) || std::stoul(v) == 0)
+        return usageError("invalid " + flag + " '" + v + "' (expected whole milliseconds > 0)");
+      (flag == "--wedged-after-ms" ? d.agent.wedgedAfter : d.agent.requestDeadline) = std::chrono::milliseconds(std::stoul(v));
     }
   }
   if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);

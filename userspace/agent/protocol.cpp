@@ -360,12 +360,18 @@ Result<CheckReport> decodeCheck(const json& j) {
 }
 
 std::string okResponse(const json& result) {
-  return json{{"version", kProtocolVersion}, {"ok", true}, {"result", result}}.dump() + "\n";
+  // Text from the kernel or a client (interface names, paths) need not be
+  // UTF-8; JSON must be: invalid bytes become U+FFFD instead of an exception.
+  return json{{"version", kProtocolVersion}, {"ok", true}, {"result", result}}.dump(-1, ' ', false,
+                                                                                   json::error_handler_t::replace) +
+         "\n";
 }
 
 std::string errorResponse(const Error& e) {
   json err = {{"errno", e.code}, {"code", errnoName(e.code)}, {"message", e.message}};
-  return json{{"version", kProtocolVersion}, {"ok", false}, {"error", err}}.dump() + "\n";
+  return json{{"version", kProtocolVersion}, {"ok", false}, {"error", err}}.dump(-1, ' ', false,
+                                                                                 json::error_handler_t::replace) +
+         "\n";
 }
 
 Result<json> decodeResponse(const std::string& line) {

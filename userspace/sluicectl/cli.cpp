@@ -216,7 +216,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
     for (const auto& p : pods) {
       arr.push_back(agent::encodePodInfo(p));
     }
-    return arr.dump(2) + "\n";
+    return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
   // Columns as wide as their widest cell: netns paths and pod names vary.
   std::vector<std::vector<std::string>> rows = {
@@ -245,7 +245,7 @@ std::string formatStats(const std::vector<PodCounters>& stats, bool json) {
   if (json) {
     auto arr = nlohmann::json::array();
     for (const auto& c : stats) arr.push_back(agent::encodeCounters(c));
-    return arr.dump(2) + "\n";
+    return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
   std::ostringstream o;
   o << std::left << std::setw(24) << "ID";
@@ -438,7 +438,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                       {"kube_api", bpffs->agent->kubeApi},
                       {"kube_synced", bpffs->agent->kubeSynced}};
     }
-    return j.dump(2) + "\n";
+    return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
   std::ostringstream o;
   o << "kernel             " << r.release << "\n";

@@ -1,8 +1,9 @@
 // A small Ethernet/IPv4/IPv6/TCP/UDP/ICMP packet builder and parser for the
-// BPF_PROG_TEST_RUN tests: test packets are described field by field and
-// built with correct checksums, never written as hex by hand. The parser
-// reads any frame (including malformed ones) back into fields and checks
-// every checksum from scratch, pseudo-header included.
+// BPF_PROG_TEST_RUN tests and the netns tests' crafted frames (sent on
+// AF_PACKET sockets, test/common/raw_link.h): packets are described field by
+// field and built with correct checksums, never written as hex by hand. The
+// parser reads any frame (including malformed ones) back into fields and
+// checks every checksum from scratch, pseudo-header included.
 #pragma once
 
 #include <array>
@@ -64,6 +65,11 @@ class Packet {
   Packet& payload(std::string_view text);
   /// Ethertype in the Ethernet header (default from the address family).
   Packet& ethertype(uint16_t type);
+  /// Ethernet addresses (default: to 02:00:00:00:00:01 from 02:00:00:00:00:02).
+  Packet& macs(const std::array<uint8_t, 6>& src, const std::array<uint8_t, 6>& dst);
+  /// IPv4 identification / IPv6 fragment identification (default 0x1234 /
+  /// 0xabcdef01): the reassembly key of fragments.
+  Packet& ipId(uint32_t id);
   /// IPv4 options of @p words 32-bit words (NOPs ended by EOL): ihl 5+words.
   Packet& ipv4Options(unsigned words);
   /// Writes @p ihl into the header as is, without changing the layout.
@@ -92,6 +98,13 @@ class Packet {
 
   Bytes bytes() const;
   std::string describe() const;
+  /// The packet as two real fragments that the receiver's stack reassembles
+  /// into bytes(): the first carries the first @p firstBytes bytes (a
+  /// multiple of 8) of what follows the IPv4 header / the IPv6 header, the
+  /// second the rest. IPv4: MF and offsets in the header; IPv6: a fragment
+  /// header right after the fixed header (every extension header of the
+  /// packet goes into the fragmentable part).
+  std::vector<Bytes> fragments(size_t firstBytes) const;
 
   int family() const { return src_.family; }
   uint8_t proto() const { return proto_; }
@@ -100,6 +113,8 @@ class Packet {
   Packet() = default;
 
   uint16_t ethertype_ = 0;  // 0: from the family
+  std::array<uint8_t, 6> srcMac_{0x02, 0, 0, 0, 0, 0x02}, dstMac_{0x02, 0, 0, 0, 0, 0x01};
+  uint32_t ipId_ = 0;  // 0: the defaults above
   Bytes rawPayload_;        // non-IP frames
   bool isRaw_ = false;
 

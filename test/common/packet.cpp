@@ -1,4 +1,4 @@
-#include "test/bpf/packet.h"
+#include "test/common/packet.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -179,6 +179,15 @@ Packet& Packet::ethertype(uint16_t type) {
   ethertype_ = type;
   return *this;
 }
+Packet& Packet::macs(const std::array<uint8_t, 6>& src, const std::array<uint8_t, 6>& dst) {
+  srcMac_ = src;
+  dstMac_ = dst;
+  return *this;
+}
+Packet& Packet::ipId(uint32_t id) {
+  ipId_ = id;
+  return *this;
+}
 Packet& Packet::ipv4Options(unsigned words) {
   ipv4OptWords_ = words;
   return *this;
@@ -233,9 +242,8 @@ Packet& Packet::truncate(size_t len) {
 }
 
 Bytes Packet::bytes() const {
-  Bytes f;
-  // Ethernet: to 02:00:00:00:00:01 from 02:00:00:00:00:02.
-  for (uint8_t m : {0x02, 0x00, 0x00, 0x00, 0x00, 0x01, 0x02, 0x00, 0x00, 0x00, 0x00, 0x02}) f.push_back(m);
+  Bytes f(dstMac_.begin(), dstMac_.end());
+  f.insert(f.end(), srcMac_.begin(), srcMac_.end());
   uint16_t et = ethertype_ ? ethertype_ : (src_.family == AF_INET6 ? kEthIPv6 : kEthIPv4);
   put16(f, et);
   if (isRaw_) {
@@ -291,7 +299,7 @@ Bytes Packet::bytes() const {
     f.push_back(static_cast<uint8_t>(ver << 4 | (ihl & 0xf)));
     f.push_back(0);  // tos
     put16(f, static_cast<uint16_t>(hlen + l4.size()));
-    put16(f, 0x1234);  // id
+    put16(f, static_cast<uint16_t>(ipId_ ? ipId_ : 0x1234));  // id
     put16(f, static_cast<uint16_t>((df_ ? 0x4000 : 0) | (mf_ ? 0x2000 : 0) | (fragOffset_ & 0x1fff)));
     f.push_back(64);  // ttl
     f.push_back(proto_);
@@ -311,7 +319,7 @@ Bytes Packet::bytes() const {
         case ext6::FRAGMENT:
           exts.push_back(0);
           put16(exts, static_cast<uint16_t>(fragOffset_ << 3 | (mf_ ? 1 : 0)));
-          put32(exts, 0xabcdef01);
+          put32(exts, ipId_ ? ipId_ : 0xabcdef01);
           break;
         case ext6::AH:
           exts.push_back(static_cast<uint8_t>(e.len / 4 - 2));
@@ -351,6 +359,49 @@ Bytes Packet::bytes() const {
 }
 
 std::string Packet::describe() const { return describeFrame(bytes()); }
+
+std::vector<Bytes> Packet::fragments(size_t firstBytes) const {
+  Bytes whole = bytes();
+  const size_t l3 = 14;
+  if (firstBytes == 0 || firstBytes % 8 != 0) std::abort();
+  std::vector<Bytes> out;
+  if (src_.family == AF_INET) {
+    size_t hlen = (whole[l3] & 0xf) * 4u;
+    Bytes body(whole.begin() + static_cast<long>(l3 + hlen), whole.end());
+    if (firstBytes >= body.size()) std::abort();
+    for (int part = 0; part < 2; part++) {
+      size_t from = part == 0 ? 0 : firstBytes;
+      size_t to = part == 0 ? firstBytes : body.size();
+      Bytes f(whole.begin(), whole.begin() + static_cast<long>(l3 + hlen));
+      f.insert(f.end(), body.begin() + static_cast<long>(from), body.begin() + static_cast<long>(to));
+      set16(f, l3 + 2, static_cast<uint16_t>(hlen + to - from));
+      set16(f, l3 + 6, static_cast<uint16_t>((df_ ? 0x4000 : 0) | (part == 0 ? 0x2000 : 0) | (from / 8)));
+      set16(f, l3 + 10, 0);
+      set16(f, l3 + 10, inetChecksum(f.data() + l3, hlen));
+      out.push_back(std::move(f));
+    }
+    return out;
+  }
+  // IPv6: the fragmentable part is everything after the fixed header.
+  const size_t fixed = l3 + 40;
+  Bytes body(whole.begin() + static_cast<long>(fixed), whole.end());
+  if (firstBytes >= body.size()) std::abort();
+  uint8_t next = whole[l3 + 6];
+  for (int part = 0; part < 2; part++) {
+    size_t from = part == 0 ? 0 : firstBytes;
+    size_t to = part == 0 ? firstBytes : body.size();
+    Bytes f(whole.begin(), whole.begin() + static_cast<long>(fixed));
+    f[l3 + 6] = ext6::FRAGMENT;
+    f.push_back(next);
+    f.push_back(0);
+    put16(f, static_cast<uint16_t>(from / 8 << 3 | (part == 0 ? 1 : 0)));
+    put32(f, ipId_ ? ipId_ : 0xabcdef01);
+    f.insert(f.end(), body.begin() + static_cast<long>(from), body.begin() + static_cast<long>(to));
+    set16(f, l3 + 4, static_cast<uint16_t>(8 + to - from));
+    out.push_back(std::move(f));
+  }
+  return out;
+}
 
 // ----------------------------------------------------------------- parser
 
