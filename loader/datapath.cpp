@@ -968,6 +968,14 @@ Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const Capture
         bool attached = false;
         for (uint32_t i = 0; i < rec->iface_count && i < SLUICE_MAX_POD_IFACES; i++)
           attached = attached || static_cast<int>(rec->ifaces[i].ifindex) == l->ifindex;
+        // Captured at the socket, only the virtual interfaces named at
+        // enrollment got a TC hook (the others must not have one: it would
+        // capture inbound at TC beside sk_lookup).
+        if (!attached && rec->capture == SLUICE_CAPTURE_SOCKET)
+          return Error::msg("reroute interface '" + name + "' of pod '" + id +
+                                "' has no sluice programs (captured at the socket, only the reroute interfaces named "
+                                "at enrollment get them); remove and add the pod",
+                            EINVAL);
         if (!attached)
           return Error::msg("reroute interface '" + name + "' of pod '" + id +
                                 "' has no sluice programs (it appeared after the pod was enrolled); remove and add the pod",

@@ -25,15 +25,12 @@
 namespace sluice::test {
 namespace {
 
-std::string modeParamName(const ::testing::TestParamInfo<TcMode>& info) { return modeName(info.param); }
-
-
-class SettingsUpdate : public ::testing::TestWithParam<TcMode> {
+class SettingsUpdate : public ::testing::TestWithParam<ModeParam> {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
-    if (std::string why = tcModeUnsupported(GetParam()); !why.empty()) GTEST_SKIP() << why;
-    h_ = std::make_unique<PodHarness>(GetParam());
+    if (std::string why = modeUnsupported(GetParam()); !why.empty()) GTEST_SKIP() << why;
+    h_ = std::make_unique<PodHarness>(GetParam().tc, GetParam().capture);
     ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
     Status st = h_->open();
     ASSERT_TRUE(st.ok()) << st.error().message;
@@ -45,11 +42,22 @@ class SettingsUpdate : public ::testing::TestWithParam<TcMode> {
 
   Result<PodInfo> update(const CaptureSettings& s) { return h_->datapath().updatePodSettings(h_->podId(), s); }
 
-  /// What the programs read for the pod.
+  /// What the programs read for the pod: pod_config at TC; captured at the
+  /// socket, the socket programs read pod_sock, which must say the same.
   std::optional<sluice_pod_config> config() {
     auto cookie = h_->pod().cookie();
     if (!cookie.ok()) return std::nullopt;
-    return h_->datapath().programs().podConfig.lookup(*cookie);
+    auto cfg = h_->datapath().programs().podConfig.lookup(*cookie);
+    if (cfg && GetParam().capture == CaptureMode::Socket) {
+      auto sock = h_->datapath().programs().podSock.lookup(*cookie);
+      EXPECT_TRUE(sock) << "the pod has no pod_sock entry";
+      if (!sock) return std::nullopt;
+      EXPECT_EQ(sock->flags, cfg->flags) << "pod_sock and pod_config disagree";
+      EXPECT_EQ(sock->reroute_count, cfg->reroute_count) << "pod_sock and pod_config disagree";
+      EXPECT_EQ(std::memcmp(sock->reroute_ifindex, cfg->reroute_ifindex, sizeof(cfg->reroute_ifindex)), 0)
+          << "pod_sock and pod_config disagree";
+    }
+    return cfg;
   }
 
   /// One UDP DNS query from the pod to the node's resolver: true when the
@@ -70,7 +78,8 @@ class SettingsUpdate : public ::testing::TestWithParam<TcMode> {
   std::unique_ptr<PodHarness> h_;
 };
 
-INSTANTIATE_TEST_SUITE_P(All, SettingsUpdate, ::testing::Values(TcMode::Tcx, TcMode::Legacy), modeParamName);
+INSTANTIATE_TEST_SUITE_P(All, SettingsUpdate, ::testing::Values(kTcxMode, kLegacyMode, kSocketMode),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 // DNS capture off, on, off again: each query goes where the settings of the
 // moment say, a connection opened before the first change keeps echoing
@@ -157,6 +166,19 @@ TEST_P(SettingsUpdate, RerouteInterfacesResolveInThePod) {
   ASSERT_TRUE(h_->startStandIn().ok());
 
   auto r = update({.dnsCapture = true, .inboundCapture = true, .rerouteIfaces = {"eth1"}});
+  if (GetParam().capture == CaptureMode::Socket) {
+    // Captured at the socket, eth1 got no TC hook at enrollment (only the
+    // reroute interfaces named then do), and one is not attached live yet:
+    // refused, nothing changed.
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, EINVAL);
+    EXPECT_EQ(r.error().message, "reroute interface 'eth1' of pod '" + h_->podId() +
+                                     "' has no sluice programs (captured at the socket, only the reroute interfaces "
+                                     "named at enrollment get them); remove and add the pod");
+    ASSERT_TRUE(config());
+    EXPECT_EQ(config()->reroute_count, 0u);
+    return;
+  }
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_EQ(r->rerouteIfaces, std::vector<std::string>{"eth1"});
   int eth1 = 0;
@@ -201,9 +223,11 @@ TEST_P(SettingsUpdate, RefusalsChangeNothing) {
   auto late = update({.dnsCapture = false, .inboundCapture = true, .rerouteIfaces = {"eth2"}});
   ASSERT_FALSE(late.ok());
   EXPECT_EQ(late.error().code, EINVAL);
-  EXPECT_EQ(late.error().message, "reroute interface 'eth2' of pod '" + h_->podId() +
-                                      "' has no sluice programs (it appeared after the pod was enrolled); remove and "
-                                      "add the pod");
+  const std::string why = GetParam().capture == CaptureMode::Socket
+                              ? "captured at the socket, only the reroute interfaces named at enrollment get them"
+                              : "it appeared after the pod was enrolled";
+  EXPECT_EQ(late.error().message,
+            "reroute interface 'eth2' of pod '" + h_->podId() + "' has no sluice programs (" + why + "); remove and add the pod");
 
   std::vector<std::string> nine(9, "eth0");
   auto tooMany = update({.dnsCapture = true, .inboundCapture = true, .rerouteIfaces = nine});
