@@ -137,6 +137,7 @@ boot() {
     tcg) args=(-accel tcg,thread=multi -cpu max) ;;
   esac
   echo "run-local.sh: booting $KVER ($accel, $SMP cpus, ${MEM} MiB), build $BUILD"
+  echo "$accel" >"$work/out/accel"
   : >"$work/console.log"
   qemu-system-x86_64 -nodefaults -no-reboot -display none -monitor none \
     "${args[@]}" -smp "$SMP" -m "$MEM" \

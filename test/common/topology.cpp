@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -960,8 +961,17 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
   return c;
 }
 
+std::chrono::milliseconds scaledBound(std::chrono::milliseconds bound) {
+  static const long factor = [] {
+    const char* env = std::getenv("SLUICE_TEST_TIME_SCALE");
+    long f = env ? std::strtol(env, nullptr, 10) : 1;
+    return f >= 1 && f <= 100 ? f : 1L;
+  }();
+  return bound * factor;
+}
+
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto deadline = std::chrono::steady_clock::now() + scaledBound(timeout);
   while (std::chrono::steady_clock::now() < deadline) {
     if (cond()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));

@@ -208,8 +208,15 @@ std::string echoOrError(int fd, const std::string& payload);
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
 
-/// Polls @p cond every 5 ms until it holds (true) or @p timeout passes
-/// (false, after one last look).
+/// @p bound stretched for a slow machine: times SLUICE_TEST_TIME_SCALE (an
+/// integer, default 1), which the 6.1 guest sets under emulation
+/// (vagrant/local/guest.sh), where a whole agent start, watch and hand-off
+/// can take many times as long as on hardware. For bounds on something
+/// expected to happen only: stretching them costs nothing when it does.
+std::chrono::milliseconds scaledBound(std::chrono::milliseconds bound);
+
+/// Polls @p cond every 5 ms until it holds (true) or @p timeout (scaled by
+/// scaledBound) passes (false, after one last look).
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 10s);
 
 /// One short connection from inside @p ns to @p dst: connect, a 1-byte
