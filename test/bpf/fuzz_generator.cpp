@@ -50,7 +50,7 @@ uint32_t Generator::mark() {
       if (r < 80) return SLUICE_TAG_MAGIC | below(65536);
       if (r < 85) return 0x51cd0001;
       return static_cast<uint32_t>(rng_());
-    default:
+    default:  // nothing in the pod and node programs reads it but pod_egress/pod_ingress
       return r < 80 ? 0 : static_cast<uint32_t>(rng_());
   }
 }
@@ -76,7 +76,18 @@ Packet Generator::structured(bool v4) {
       if (chance(50)) src = chance(50) ? f.loopback : f.pod;
       if (chance(50)) dport = chance(50) ? 40000 : 40001;
       break;
-    default: break;
+    case Prog::HostEgress:  // the node's sockets (probers) towards pods
+      if (chance(60)) dst = chance(80) ? f.pod : f.pod2;
+      if (chance(50)) src = chance(50) ? f.remote : f.resolver;
+      if (chance(60)) sport = static_cast<uint16_t>(40000 + below(3));
+      if (chance(60)) dport = chance(50) ? 8080 : 15008;
+      break;
+    case Prog::HostIngress:  // the pods' replies to the probe address
+      if (chance(60)) src = f.pod;
+      if (chance(60)) dst = f.probe;
+      if (chance(60)) sport = chance(50) ? 8080 : 15008;
+      if (chance(60)) dport = static_cast<uint16_t>(40000 + below(3));
+      break;
   }
   // The sandbox's connection (pod:kClientPort <-> remote:kServerPort), either way.
   if (chance(10)) {
@@ -93,6 +104,8 @@ Packet Generator::structured(bool v4) {
              : kind < 85 ? Packet::udp(src, sport, dst, dport)
                          : Packet::icmp(src, dst);
   const bool tcp = kind < 55, udp = kind >= 55 && kind < 85;
+  // Probers open many connections: two with the same port meet.
+  if (tcp && prog_ == Prog::HostEgress && chance(30)) p.tcpFlags(SYN);
   if (tcp) p.seq(static_cast<uint32_t>(rng_()), static_cast<uint32_t>(rng_()));
   if (chance(50)) p.ipId(static_cast<uint32_t>(rng_()) | 1);
 

@@ -19,6 +19,7 @@
 #include <linux/pkt_cls.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 
 namespace sluice::test::fuzz {
@@ -411,7 +412,114 @@ Prediction loEgress(const View& v, const Bytes& frame, uint32_t mark, const Env&
   return o.next("rules 2/3: the answer gets the resolver back");
 }
 
+// ------------------------------------------------------------------ the node
+
+SnatKey snatKey(const IpAddr& pod, uint16_t podPort, uint16_t port) {
+  SnatKey k;
+  k.family = pod.family;
+  std::memcpy(k.pod.data(), pod.b.data(), pod.size());
+  k.podPort = podPort;
+  k.port = port;
+  return k;
+}
+
+// A connection's FINs, and whether this packet finishes it: a reset, or
+// the first packet without FIN once both sides sent theirs (the last ACK).
+void track(Prediction& p, const SnatKey& k, SnatConn c, uint8_t flags, uint16_t fin) {
+  const uint16_t before = c.flags;
+  if (flags & tcpflag::FIN) c.flags |= fin;
+  p.snatSet = {k, c};
+  const bool both = (before & (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN)) == (SLUICE_SNAT_FIN_OUT | SLUICE_SNAT_FIN_IN);
+  if ((flags & tcpflag::RST) || (both && !(flags & tcpflag::FIN))) {
+    p.snatForget = k;
+    p.keepClosed = !(flags & tcpflag::RST);
+  }
+}
+
+// Rule 10, the probe's way in: TCP from a socket of the node (a test-run skb
+// always has one) to an enrolled pod's address leaves with the probe source.
+Prediction hostEgress(const View& v, const Bytes& frame, uint32_t mark, const Env& env) {
+  Outcome o{{.mark = mark, .out = frame}, env};
+  if (!env.settings) return o.next("no settings");
+  if (v.kind != Kind::Transport || v.proto != IPPROTO_TCP) return o.next("rule 10: only whole TCP packets");
+  bool toPod = false;
+  for (const IpAddr& a : env.podAddrs) toPod |= a == v.dst;
+  if (!toPod) return o.next("rule 10: not to an enrolled pod's address");
+  const IpAddr& probe = probeAddr(v.family);
+  if (v.src == probe) return o.next("rule 10: already from the probe address");
+  auto mine = [&](const std::pair<const SnatKey, SnatConn>& e) {
+    return e.first.family == v.family && std::memcmp(e.first.pod.data(), v.dst.b.data(), v.dst.size()) == 0 &&
+           e.first.podPort == v.dport && e.second.prober == v.src && e.second.proberPort == v.sport;
+  };
+  auto live = std::find_if(env.snat.begin(), env.snat.end(), mine);
+  if (live != env.snat.end()) {
+    rewrite(o.p.out, v, true, probe, live->first.port);
+    track(o.p, live->first, live->second, v.flags, SLUICE_SNAT_FIN_OUT);
+    return o.next("rule 10: a packet of a translated probe connection");
+  }
+  if (isSetup(v.flags)) {
+    SnatConn c{v.src, v.sport, 0};
+    const SnatKey own = snatKey(v.dst, v.dport, v.sport);
+    o.count(&sluice_pod_stats::probe_conns);
+    if (!env.snat.count(own)) {
+      rewrite(o.p.out, v, true, probe, v.sport);
+      o.p.closedErase = own;
+      track(o.p, own, c, v.flags, SLUICE_SNAT_FIN_OUT);
+      return o.next("rule 10: a new probe connection keeps its port");
+    }
+    o.p.portToChoose = true;
+    o.p.snatSet = {own, c};  // the port is filled in by choosePort
+    rewrite(o.p.out, v, true, probe, v.sport);
+    return o.next("rule 10: a new probe connection whose port is taken gets another");
+  }
+  auto closed = std::find_if(env.snatClosed.begin(), env.snatClosed.end(), mine);
+  if (closed != env.snatClosed.end()) {
+    rewrite(o.p.out, v, true, probe, closed->first.port);
+    return o.next("rule 10: a late packet of a finished probe connection");
+  }
+  return o.next("rule 10: not a translated connection (set up before enrollment, or forgotten)");
+}
+
+// Rule 10, the replies: the pod's answers to the probe address go back to
+// the prober.
+Prediction hostIngress(const View& v, const Bytes& frame, uint32_t mark, const Env& env) {
+  Outcome o{{.mark = mark, .out = frame}, env};
+  if (!env.settings) return o.next("no settings");
+  if (v.kind != Kind::Transport || v.proto != IPPROTO_TCP) return o.next("rule 10: only whole TCP packets");
+  if (v.dst != probeAddr(v.family)) return o.next("rule 10: not to the probe address");
+  const SnatKey k = snatKey(v.src, v.sport, v.dport);
+  if (auto it = env.snat.find(k); it != env.snat.end()) {
+    rewrite(o.p.out, v, false, it->second.prober, it->second.proberPort);
+    track(o.p, k, it->second, v.flags, SLUICE_SNAT_FIN_IN);
+    return o.next("rule 10: a reply of a translated probe connection");
+  }
+  if (auto it = env.snatClosed.find(k); it != env.snatClosed.end()) {
+    rewrite(o.p.out, v, false, it->second.prober, it->second.proberPort);
+    return o.next("rule 10: a late reply of a finished probe connection");
+  }
+  return o.next("rule 10: no translated connection");
+}
+
 }  // namespace
+
+std::string choosePort(Prediction& p, const Bytes& frame, const Bytes& got, const Env& env) {
+  const View v = see(frame);
+  if (got.size() < v.l4 + 2) return "the program's output is too short to hold the chosen port";
+  const uint16_t port = be16(got, v.l4);
+  SnatKey k = p.snatSet->first;
+  k.port = port;
+  if (port == v.sport) return "the program kept the prober's port, which another prober holds";
+  if (port < 1024) return "the program chose port " + std::to_string(port) + ", outside 1024-65535";
+  if (env.snat.count(k)) return "the program chose port " + std::to_string(port) + ", which another connection holds";
+  p.out = frame;
+  rewrite(p.out, v, true, probeAddr(v.family), port);
+  SnatConn c = p.snatSet->second;
+  p.snatSet.reset();
+  p.closedErase = k;
+  track(p, k, c, v.flags, SLUICE_SNAT_FIN_OUT);
+  p.portToChoose = false;
+  return "";
+}
 
 Prediction predict(Prog prog, const Bytes& frame, uint32_t mark, const Env& env) {
   const View v = see(frame);
@@ -420,13 +528,20 @@ Prediction predict(Prog prog, const Bytes& frame, uint32_t mark, const Env& env)
     case Prog::Egress: return egress(v, frame, mark, env);
     case Prog::Ingress: return ingress(v, frame, mark, env);
     case Prog::LoEgress: return loEgress(v, frame, mark, env);
-    default: break;
+    case Prog::HostEgress: return hostEgress(v, frame, mark, env);
+    case Prog::HostIngress: return hostIngress(v, frame, mark, env);
   }
   return {.refused = true, .why = "no model for this program"};
 }
 
 void apply(const Prediction& p, Env& env) {
   if (p.natRecorded) env.nat[p.natRecorded->first] = p.natRecorded->second;
+  if (p.closedErase) env.snatClosed.erase(*p.closedErase);
+  if (p.snatSet) env.snat[p.snatSet->first] = p.snatSet->second;
+  if (p.snatForget) {
+    if (p.keepClosed) env.snatClosed[*p.snatForget] = env.snat[*p.snatForget];
+    env.snat.erase(*p.snatForget);
+  }
 }
 
 }  // namespace sluice::test::fuzz

@@ -49,6 +49,22 @@ struct Conn {
   uint16_t peerPort = 0;
 };
 
+/// A probe SNAT connection's key: the pod's end and the translated port
+/// its replies go to (the probe address is the family's).
+struct SnatKey {
+  int family = 0;
+  std::array<uint8_t, 16> pod{};
+  uint16_t podPort = 0;
+  uint16_t port = 0;  ///< the translated (probe-side) port
+  auto operator<=>(const SnatKey&) const = default;
+};
+/// The prober behind a translated connection, and the FINs seen.
+struct SnatConn {
+  IpAddr prober;
+  uint16_t proberPort = 0;
+  uint16_t flags = 0;  ///< SLUICE_SNAT_FIN_OUT / SLUICE_SNAT_FIN_IN
+};
+
 /// The pod as the programs find it.
 struct Env {
   bool settings = true;  ///< the loader wrote the settings (spec defaults)
@@ -63,6 +79,12 @@ struct Env {
   std::vector<Conn> conns;
   /// The pod's recorded DNS queries.
   std::map<NatClient, NatResolver> nat;
+
+  // ---- node side (rules 10, 11) ----
+  /// Enrolled pods' addresses (Istio's probe ipset), all of this pod.
+  std::vector<IpAddr> podAddrs;
+  /// Translated probe connections, and finished ones kept for late packets.
+  std::map<SnatKey, SnatConn> snat, snatClosed;
 };
 
 /// What one run must show.
@@ -73,6 +95,15 @@ struct Prediction {
   Bytes out;
   sluice_pod_stats counts{};  ///< the run's increments of the pod's counters
   std::optional<std::pair<NatClient, NatResolver>> natRecorded;
+  // Probe SNAT state changes, applied in this order.
+  std::optional<SnatKey> closedErase;                   ///< a new connection takes over the key
+  std::optional<std::pair<SnatKey, SnatConn>> snatSet;  ///< opened or tracked
+  std::optional<SnatKey> snatForget;                    ///< finished: leaves snat
+  bool keepClosed = false;                              ///< ...and is kept in snatClosed
+  /// A new probe connection whose prober's own port is taken on the probe
+  /// address: the contract wants "another port", which the program
+  /// chooses; chosePort() checks and takes it from the program's output.
+  bool portToChoose = false;
   std::string why;  ///< the rule that decided, for a disagreement report
 };
 
@@ -80,7 +111,14 @@ struct Prediction {
 /// ctx mark @p mark in @p env. Does not change env (see apply()).
 Prediction predict(Prog prog, const Bytes& frame, uint32_t mark, const Env& env);
 
-/// The state change a prediction implies (a recorded DNS query).
+/// The state change a prediction implies (a recorded DNS query, probe
+/// SNAT state).
 void apply(const Prediction& p, Env& env);
+
+/// For a prediction with portToChoose on @p frame: the port the program
+/// chose, read from its output @p got; checks it is another free port in 1024-65535
+/// and completes the prediction with it. Empty string when acceptable,
+/// else why not.
+std::string choosePort(Prediction& p, const Bytes& frame, const Bytes& got, const Env& env);
 
 }  // namespace sluice::test::fuzz

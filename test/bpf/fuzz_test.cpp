@@ -142,6 +142,14 @@ class Fuzz : public SandboxTest {
   // The whole dns_nat map against the model's recorded queries.
   void checkNat(const std::string& when);
   void clearNat();
+  // The node side: settings and the probe ipset change; SNAT state stays.
+  void newHostPhase(Generator& g);
+  // snat_rev and snat_closed against the model's connections.
+  void checkSnat(const std::string& when);
+  void clearSnat();
+  // A packet of a connection the model knows, either way (drives probe
+  // connections through their life: FINs, resets, late packets).
+  std::optional<Input> knownConnectionPacket(Generator& g, Prog prog);
   void disagree(const std::string& what);
 
   Env env_;
@@ -231,6 +239,83 @@ void Fuzz::newPhase(Generator& g, Prog prog) {
   }
 }
 
+void Fuzz::newHostPhase(Generator& g) {
+  env_.settings = !g.chance(3);
+  ASSERT_TRUE(sb().writeSettings(!env_.settings).ok());
+  const bool listed = !g.chance(10);
+  env_.podAddrs.clear();
+  for (const Family* f : kFamilies) {
+    IpAddr a = IpAddr::parse(f->pod);
+    sluice_pod_addr k{};
+    std::memcpy(k.addr, a.b.data(), a.size());
+    k.family = static_cast<__u8>(a.family);
+    if (listed) {
+      ASSERT_TRUE(sb().addPodAddr(f->pod, sb().cookie()).ok());
+      env_.podAddrs.push_back(a);
+    } else {
+      (void)sb().programs().podAddrs.erase(k);
+    }
+  }
+}
+
+void Fuzz::clearSnat() {
+  for (const auto& k : sb().programs().snatRev.keys()) ASSERT_TRUE(sb().programs().snatRev.erase(k).ok());
+  for (const auto& k : sb().programs().snatClosed.keys()) ASSERT_TRUE(sb().programs().snatClosed.erase(k).ok());
+  env_.snat.clear();
+  env_.snatClosed.clear();
+}
+
+void Fuzz::checkSnat(const std::string& when) {
+  const IpAddr probe4 = IpAddr::parse(kV4.probe), probe6 = IpAddr::parse(kV6.probe);
+  auto check = [&](const char* name, const auto& map, const std::map<SnatKey, SnatConn>& model) {
+    std::vector<std::string> problems;
+    if (map.keys().size() != model.size())
+      problems.push_back(std::to_string(map.keys().size()) + " elements, the model " + std::to_string(model.size()));
+    for (const auto& [k, c] : model) {
+      IpAddr pod;
+      pod.family = k.family;
+      std::memcpy(pod.b.data(), k.pod.data(), 16);
+      const IpAddr& probe = k.family == AF_INET ? probe4 : probe6;
+      // The key is the reply's tuple: pod -> probe.
+      auto v = map.lookup(snatKey(pod.str(), k.podPort, probe.str(), k.port));
+      if (!v) {
+        problems.push_back("no element for " + pod.str() + ":" + std::to_string(k.podPort) + " -> probe:" +
+                           std::to_string(k.port));
+        continue;
+      }
+      const std::string want = describeSnatValue(snatValue(c.prober.str(), c.proberPort, c.flags, sb().cookie()), k.family);
+      const std::string have = describeSnatValue(*v, k.family);
+      if (want != have) problems.push_back("element " + pod.str() + ":" + std::to_string(k.podPort) + " holds " + have + ", the model " + want);
+    }
+    if (!problems.empty()) {
+      std::string all;
+      for (const auto& p : problems) all += "\n    " + p;
+      disagree("seed " + std::to_string(seed_) + " " + name + " (" + when + ", packet " + std::to_string(index_) + "):" + all);
+    }
+  };
+  check("snat_rev", sb().programs().snatRev, env_.snat);
+  check("snat_closed", sb().programs().snatClosed, env_.snatClosed);
+}
+
+std::optional<Input> Fuzz::knownConnectionPacket(Generator& g, Prog prog) {
+  const auto& pool = g.chance(80) || env_.snatClosed.empty() ? env_.snat : env_.snatClosed;
+  if (pool.empty()) return std::nullopt;
+  auto it = pool.begin();
+  std::advance(it, g.below(static_cast<uint32_t>(pool.size())));
+  const auto& [k, c] = *it;
+  IpAddr pod;
+  pod.family = k.family;
+  std::memcpy(pod.b.data(), k.pod.data(), 16);
+  static constexpr uint8_t kFlags[] = {tcpflag::ACK, tcpflag::ACK | tcpflag::PSH, tcpflag::FIN | tcpflag::ACK,
+                                       tcpflag::RST, tcpflag::RST | tcpflag::ACK, tcpflag::SYN,
+                                       tcpflag::SYN | tcpflag::ACK};
+  const uint8_t flags = kFlags[g.below(sizeof(kFlags))];
+  const char* probe = k.family == AF_INET ? kV4.probe : kV6.probe;
+  Packet p = prog == Prog::HostEgress ? Packet::tcp(c.prober.str(), c.proberPort, pod.str(), k.podPort, flags)
+                                      : Packet::tcp(pod.str(), k.podPort, probe, k.port, flags);
+  return Input{p.bytes(), 0};
+}
+
 uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
   prog_ = prog;
   const bool selfTest = modelProg.has_value();
@@ -238,8 +323,11 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
   const uint64_t packets = cap_ ? cap_ : envNumber("SLUICE_FUZZ_PACKETS", 20000);
   const uint64_t seconds = envNumber("SLUICE_FUZZ_SECONDS", explicitCount ? 0 : 4);
   seed_ = envNumber("SLUICE_FUZZ_SEED", 1);
-  // One stream per program, all from the one seed.
+  // One stream per program, all from the one seed. The node's two programs
+  // share their state, so they are fuzzed together, packet by packet.
+  const bool host = prog == Prog::HostEgress;
   Generator g(seed_ * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(prog), prog);
+  Generator gIn(seed_ * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(Prog::HostIngress), Prog::HostIngress);
 
   EXPECT_TRUE(sb().writeSettings().ok());
   {
@@ -252,27 +340,37 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
     env_.conns.push_back({pod, kClientPort, remote, kServerPort});  // the app's socket
     env_.conns.push_back({remote, kServerPort, pod, kClientPort});  // the accepted one
   }
-  env_.enrolled = false;
+  env_.enrolled = host;  // node side: the pod's counters are there throughout
+  if (host) EXPECT_TRUE(sb().enroll({}).ok());
 
   std::map<std::string, uint64_t> verdicts, rules;
+  uint64_t perProg[2] = {0, 0};
   const auto start = std::chrono::steady_clock::now();
   uint64_t ran = 0;
   for (index_ = 0; index_ < packets; index_++) {
     if (index_ % kPhase == 0) {
-      if (index_) checkNat("end of phase");
+      if (index_) host ? checkSnat("end of phase") : checkNat("end of phase");
       if (env_.nat.size() > kMaxNatEntries) clearNat();
+      if (env_.snat.size() + env_.snatClosed.size() > kMaxNatEntries) clearSnat();
       if (seconds && std::chrono::steady_clock::now() - start > std::chrono::seconds(seconds)) break;
-      newPhase(g, prog);
+      host ? newHostPhase(g) : newPhase(g, prog);
       if (HasFatalFailure()) return disagreements_;
     }
-    const Input in = g.next();
-    const Prediction want = predict(modelProg.value_or(prog), in.frame, in.mark, env_);
-    auto got = sb().run(prog, in.frame, in.mark, env_.ifindex);
+    const Prog runProg = host && g.chance(50) ? Prog::HostIngress : prog;
+    Generator& gen = runProg == Prog::HostIngress ? gIn : g;
+    std::optional<Input> known = host && gen.chance(25) ? knownConnectionPacket(gen, runProg) : std::nullopt;
+    const Input in = known ? *known : gen.next();
+    Prediction want = predict(modelProg.value_or(runProg), in.frame, in.mark, env_);
+    auto got = sb().run(runProg, in.frame, in.mark, env_.ifindex);
     ran++;
+    perProg[runProg == Prog::HostIngress ? 1 : 0]++;
+    std::string chosen;
+    if (want.portToChoose && got.ok()) chosen = choosePort(want, in.frame, got->out, env_);
     verdicts[want.refused ? "refused" : verdictName(want.verdict)]++;
     rules[want.why]++;
 
     std::ostringstream diff;
+    if (!chosen.empty()) diff << "\n  probe port: " << chosen;
     if (want.refused || !got.ok()) {
       if (want.refused != !got.ok() || (!got.ok() && got.error().code != EINVAL))
         diff << "\n  model: " << (want.refused ? "refused (EINVAL)" : "runs") << "; program: "
@@ -300,23 +398,27 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
       }
     }
     if (!diff.str().empty()) {
-      disagree("seed " + std::to_string(seed_) + ", " + progName(prog) + " packet " + std::to_string(index_) +
+      disagree("seed " + std::to_string(seed_) + ", " + progName(runProg) + " packet " + std::to_string(index_) +
                " (mark " + hex32(in.mark) + ", " + describeEnv(env_) + ")\n  frame: " + hexOf(in.frame) + "\n  " +
                describeFrame(in.frame) + "\n  model's rule: " + want.why + diff.str());
       // Resynchronise the state that may have parted.
       clearNat();
+      clearSnat();
       if (auto now = sb().counters()) last_ = *now;
       continue;
     }
     apply(want, env_);
   }
-  checkNat("end of run");
+  host ? checkSnat("end of run") : checkNat("end of run");
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::printf("[ fuzz     ] %s seed %llu: %llu packets in %.1f s (%.0f packets/s), %llu disagreements%s\n",
-              progName(prog), static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(ran), secs,
+              host ? "host_egress + host_ingress" : progName(prog), static_cast<unsigned long long>(seed_), static_cast<unsigned long long>(ran), secs,
               ran / (secs > 0 ? secs : 1), static_cast<unsigned long long>(disagreements_),
               ran < packets ? " (cut short by SLUICE_FUZZ_SECONDS)" : "");
-  std::printf("[ fuzz     ] %s verdicts:", progName(prog));
+  if (host)
+    std::printf("[ fuzz     ] host_egress %llu packets, host_ingress %llu packets\n",
+                static_cast<unsigned long long>(perProg[0]), static_cast<unsigned long long>(perProg[1]));
+  std::printf("[ fuzz     ] %s verdicts:", host ? "host" : progName(prog));
   for (const auto& [name, n] : verdicts) std::printf(" %s=%llu", name.c_str(), static_cast<unsigned long long>(n));
   std::printf("\n");
   if (std::getenv("SLUICE_FUZZ_RULES"))
@@ -329,6 +431,8 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
 TEST_F(Fuzz, PodEgress) { fuzz(Prog::Egress); }
 TEST_F(Fuzz, PodIngress) { fuzz(Prog::Ingress); }
 TEST_F(Fuzz, PodLoEgress) { fuzz(Prog::LoEgress); }
+// host_egress and host_ingress together (they share the probe SNAT state).
+TEST_F(Fuzz, HostProbeSnat) { fuzz(Prog::HostEgress); }
 
 // The comparison can fail: pod_ingress's frames judged by pod_egress's
 // model disagree (at once: rule 6 against rule 1).
