@@ -124,7 +124,9 @@ Packet Generator::structured(bool v4) {
       switch (below(7)) {
         case 0: p.ext(ext6::HOPOPTS, 8 * (1 + below(3))); break;
         case 1: p.ext(ext6::ROUTING, 8 * (1 + below(3))); break;
-        case 2: p.ext(ext6::DSTOPTS, 8 * (1 + below(8))); break;
+        case 2:  // now and then a long one: headers beyond the first 1024 bytes
+          p.ext(ext6::DSTOPTS, 8 * (1 + (chance(5) ? below(256) : below(8))));
+          break;
         case 3: p.ext(ext6::AH, 12 + 4 * below(4)); break;
         case 4:
           if (!fragmented) {
@@ -143,7 +145,7 @@ Packet Generator::structured(bool v4) {
   if (tcp && chance(3)) p.tcpDataOffsetField(static_cast<uint8_t>(below(16)));
   if (udp && v4 && chance(10)) p.udpChecksumZero();
   if (chance(30)) {
-    Bytes data(1 + below(48));
+    Bytes data(chance(10) ? 200 + below(1300) : 1 + below(48));
     for (auto& c : data) c = static_cast<uint8_t>(below(256));
     p.payload(std::move(data));
   }

@@ -368,6 +368,7 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
     if (want.portToChoose && got.ok()) chosen = choosePort(want, in.frame, got->out, env_);
     verdicts[want.refused ? "refused" : verdictName(want.verdict)]++;
     rules[want.why]++;
+    if (!want.refused && want.out != in.frame) verdicts["(frame rewritten)"]++;
 
     std::ostringstream diff;
     if (!chosen.empty()) diff << "\n  probe port: " << chosen;
