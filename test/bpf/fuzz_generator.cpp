@@ -19,6 +19,7 @@ const std::array<const char*, 13> kPool6 = {kV6.pod,  kV6.pod2, kV6.remote,     
 const std::array<uint16_t, 16> kPorts = {53,    15001, 15006, 15008, 15009, 15053, 15054, kServerPort,
                                          kClientPort, 40000, 40001, 80,    443,   0,     65535, 5353};
 const std::array<uint8_t, 8> kCommonFlags = {SYN, SYN | ACK, ACK, FIN | ACK, RST, SYN | ECE | CWR, PSH | ACK, RST | ACK};
+constexpr size_t kMaxFrame = 3072;
 const std::array<uint16_t, 8> kOddEthertypes = {0x8100, 0x88a8, 0x88b5, 0x0806, 0x0000, 0xffff, 0x86dd, 0x0800};
 
 }  // namespace
@@ -187,6 +188,11 @@ Input Generator::next() {
   if (chance(3)) {
     for (unsigned i = 0, n = 1 + below(32); i < n; i++) b.push_back(static_cast<uint8_t>(below(256)));
   }
+  // BPF_PROG_TEST_RUN takes at most a page less headroom and
+  // skb_shared_info (3712 bytes on x86-64), and refuses more with EINVAL
+  // (OversizedFrameRefusedByTestRun): a longer frame is cut, a capture of
+  // its first 3 KiB.
+  if (b.size() > kMaxFrame) b.resize(kMaxFrame);
   return in;
 }
 

@@ -401,7 +401,7 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
     if (!diff.str().empty()) {
       disagree("seed " + std::to_string(seed_) + ", " + progName(runProg) + " packet " + std::to_string(index_) +
                " (mark " + hex32(in.mark) + ", " + describeEnv(env_) + ")\n  frame: " + hexOf(in.frame) + "\n  " +
-               describeFrame(in.frame) + "\n  model's rule: " + want.why + diff.str());
+               parsePacket(in.frame).describe() + " (" + std::to_string(in.frame.size()) + " bytes)\n  model's rule: " + want.why + diff.str());
       // Resynchronise the state that may have parted.
       clearNat();
       clearSnat();
