@@ -30,6 +30,9 @@ class Generator {
  public:
   Generator(uint64_t seed, Prog prog) : rng_(seed), prog_(prog) {}
 
+  /// The next frame and mark: 2% garbage behind an IP (or any) ethertype,
+  /// the rest built field by field and then, now and then, given another
+  /// protocol, a wrong length field, flipped bits, a cut or trailing bytes.
   Input next();
 
   /// A uniformly drawn integer in [0, n).
@@ -41,8 +44,8 @@ class Generator {
   uint16_t port();
 
  private:
-  Packet structured(bool v4);
-  uint32_t mark();
+  Packet structured(bool v4);  // a frame aimed at prog_, before byte-level damage
+  uint32_t mark();             // the ctx mark: the marks prog_ reads, and random ones
 
   std::mt19937_64 rng_;
   Prog prog_;
