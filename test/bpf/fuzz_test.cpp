@@ -7,7 +7,7 @@
 // virtual interfaces, the proxy listening or not, recorded queries).
 //
 // Short run (CI, the default): SLUICE_FUZZ_PACKETS packets per program
-// (default 20000), cut short after SLUICE_FUZZ_SECONDS (default 4) so an
+// (default 20000), cut short after SLUICE_FUZZ_SECONDS (default 3) so an
 // emulated guest stays quick. Long run (on demand, docs/fuzzing.md):
 //   SLUICE_FUZZ_PACKETS=1000000 SLUICE_FUZZ_SEED=7 build/test/sluice_bpf_tests --gtest_filter='Fuzz.*'
 // (an explicit packet count runs to the end, however long it takes). A
@@ -322,7 +322,7 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
   const bool selfTest = modelProg.has_value();
   const bool explicitCount = std::getenv("SLUICE_FUZZ_PACKETS") != nullptr;
   const uint64_t packets = cap_ ? cap_ : envNumber("SLUICE_FUZZ_PACKETS", 20000);
-  const uint64_t seconds = envNumber("SLUICE_FUZZ_SECONDS", explicitCount ? 0 : 4);
+  const uint64_t seconds = envNumber("SLUICE_FUZZ_SECONDS", explicitCount ? 0 : 3);
   seed_ = envNumber("SLUICE_FUZZ_SEED", 1);
   // One stream per program, all from the one seed. The node's two programs
   // share their state, so they are fuzzed together, packet by packet.
@@ -449,7 +449,7 @@ TEST_F(Fuzz, HostProbeSnat) { fuzz(Prog::HostEgress); }
 // model disagree (at once: rule 6 against rule 1).
 TEST_F(Fuzz, SelfTestAnotherProgramsModelDisagrees) {
   quiet_ = true;
-  cap_ = 2000;
+  cap_ = 500;
   EXPECT_GT(fuzz(Prog::Ingress, Prog::Egress), 0u);
 }
 
