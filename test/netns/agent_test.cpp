@@ -728,9 +728,13 @@ TEST_P(AgentApi, FiftyClientsHammeringWhileTrafficFlows) {
   // The limit above the clients: each holds at most one connection at a
   // time, but one it closed still counts until the agent's thread has seen
   // the end, so 50 clients reconnecting can briefly hold more than 50. Here
-  // every refusal would be a failure.
-  startAgent({"--max-connections", "128", "--reconcile-interval", "1", "--metrics-address",
-              "127.0.0.1:" + std::to_string(metricsPort)});
+  // every refusal would be a failure. The request deadline (also how long
+  // an idle connection is kept) is raised: under emulation (the 6.1 guest)
+  // a client thread starved of CPU sat more than the default 10 s between
+  // two requests and found its connection closed; the deadline has its own
+  // test (TricklingClientIsCutAtTheRequestDeadline).
+  startAgent({"--max-connections", "128", "--request-deadline-ms", "120000", "--reconcile-interval", "1",
+              "--metrics-address", "127.0.0.1:" + std::to_string(metricsPort)});
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok()) << server.error().message;
   enrollWithProxy();
@@ -930,9 +934,10 @@ TEST_P(AgentApi, FiftyClientsHammeringWhileTrafficFlows) {
             break;
           }
           default: {
-            // Prometheus' default scrape timeout.
+            // What is checked is that the page comes, not how fast: under
+            // emulation an answer queued behind 50 clients took up to 17 s.
             op = "GET /metrics";
-            std::string page = httpGetLoopback(metricsPort, "/metrics", 10s);
+            std::string page = httpGetLoopback(metricsPort, "/metrics", 60s);
             if (page.find("HTTP/1.1 200 OK") == std::string::npos || page.find("sluice_pods_enrolled ") == std::string::npos)
               st = Error::msg(page.substr(0, 200));
             break;
@@ -985,7 +990,11 @@ TEST_P(AgentApi, FiftyClientsHammeringWhileTrafficFlows) {
   EXPECT_EQ(failed, 0u) << firstFailures;
   EXPECT_TRUE(connFailures.empty()) << connFailures.size() << " connections failed, first: " << connFailures.front();
   EXPECT_GE(conns, static_cast<size_t>(seconds)) << "too few connections to mean anything";
-  EXPECT_GE(requests, static_cast<size_t>(kClients * seconds)) << "too few requests to mean anything";
+  // Enough to mean something, whatever the speed (22 requests/s under
+  // emulation, 20 times more on the host): every kind of request, and a
+  // few from each client on average.
+  EXPECT_EQ(slowest.size(), 10u) << "not every kind of request was made";
+  EXPECT_GE(requests, static_cast<size_t>(kClients) * 5) << "too few requests to mean anything";
   EXPECT_TRUE(standIn_->waitForEvents(conns, kIoTimeout));
   EXPECT_EQ(outboundEvents(), conns) << "every connection went through the proxy";
 
