@@ -988,7 +988,7 @@ Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::mil
   return {};
 }
 
-std::string httpGetLoopback(uint16_t port, const std::string& path) {
+std::string httpGetLoopback(uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
   Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -997,7 +997,7 @@ std::string httpGetLoopback(uint16_t port, const std::string& path) {
   if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "connect failed";
   std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
   if (::send(s.get(), req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return "send failed";
-  auto body = readSome(s.get(), 1 << 20);
+  auto body = readSome(s.get(), 1 << 20, timeout);
   return body.ok() ? *body : body.error().message;
 }
 

@@ -225,8 +225,9 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds tim
 Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout = 3s);
 
 /// An HTTP/1.0 GET of @p path from 127.0.0.1:@p port (in the caller's
-/// netns): the whole answer (status line, headers, body), or what failed.
-std::string httpGetLoopback(uint16_t port, const std::string& path);
+/// netns): the whole answer (status line, headers, body), or what failed
+/// (nothing for @p timeout is a failure).
+std::string httpGetLoopback(uint16_t port, const std::string& path, std::chrono::milliseconds timeout = kIoTimeout);
 
 /// Local / remote address of a socket.
 Endpoint localOf(int fd);
