@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/features.h"
 #include "loader/program_pins.h"
