@@ -32,7 +32,9 @@
 #include <set>
 #include <thread>
 
+#include "loader/bpffs.h"
 #include "loader/netlink.h"
+#include "loader/program_pins.h"
 #include "loader/tc.h"
 #include "test/common/agent_process.h"
 #include "test/common/topology.h"
@@ -168,10 +170,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, Agent, ::testing::Values(TcMode::Tcx, TcMode::Le
 
 // Issue 4, "restart and upgrade without disruption": a client makes
 // connections through the redirect in a loop while the agent is killed
-// (SIGKILL), restarted, stopped (SIGTERM) and started again; each start
-// loads a fresh copy of the programs and switches every hook to it in place
-// (a newer build does exactly this). Zero connections may fail, and every
-// one of them must have gone through the proxy.
+// (SIGKILL), restarted, stopped (SIGTERM) and started again. The restart
+// reuses the programs pinned with this build's identity (the hooks keep
+// them); the last start finds no pinned programs (as a newer build finds
+// none of its identity), loads its own and switches every hook to them in
+// place. Zero connections may fail, and every one of them must have gone
+// through the proxy.
 TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok()) << server.error().message;
@@ -203,7 +207,10 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   pause();
   EXPECT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
   pause();
-  startAgent();  // the "upgrade": another program load takes over in place
+  // The "upgrade": no programs of this identity pinned, so the start loads
+  // its own and takes over in place.
+  ASSERT_TRUE(removeTree(programsDir(bpffs_.root())).ok());
+  startAgent();
   generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode()));
   pause();
   stop = true;
@@ -217,11 +224,14 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   // Every connection was redirected: the proxy relayed each one.
   EXPECT_TRUE(standIn_->waitForEvents(ok.load(), kIoTimeout));
   EXPECT_EQ(outboundEvents(), ok.load());
-  // Each agent start switched all hooks to its own programs.
+  // The restart kept the pinned programs; the upgrade switched all hooks.
   for (size_t g = 1; g < generations.size(); g++)
     for (size_t h = 0; h < before.size(); h++) {
       EXPECT_NE(generations[g][h], 0u) << "generation " << g << " hook " << h;
-      EXPECT_NE(generations[g][h], generations[g - 1][h]) << "generation " << g << " hook " << h << " kept the old program";
+      if (g == 1)
+        EXPECT_EQ(generations[g][h], generations[g - 1][h]) << "the restart replaced the pinned program of hook " << h;
+      else
+        EXPECT_NE(generations[g][h], generations[g - 1][h]) << "generation " << g << " hook " << h << " kept the old program";
     }
   // Pod side (eth0 in/out, lo out) and node side (host veth in/out).
   EXPECT_NE(agent_->log().find("switched 5 hook(s)"), std::string::npos) << agent_->log();
