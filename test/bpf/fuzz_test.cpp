@@ -342,7 +342,9 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
     env_.conns.push_back({remote, kServerPort, pod, kClientPort});  // the accepted one
   }
   env_.enrolled = host;  // node side: the pod's counters are there throughout
-  if (host) EXPECT_TRUE(sb().enroll({}).ok());
+  if (host) {
+    EXPECT_TRUE(sb().enroll({}).ok());
+  }
 
   std::map<std::string, uint64_t> verdicts, rules;
   uint64_t perProg[2] = {0, 0};
@@ -435,7 +437,9 @@ uint64_t Fuzz::fuzz(Prog prog, std::optional<Prog> modelProg) {
   if (std::getenv("SLUICE_FUZZ_RULES"))
     for (const auto& [why, n] : rules) std::printf("[ fuzz     ]   %9llu  %s\n", static_cast<unsigned long long>(n), why.c_str());
   std::fflush(stdout);
-  if (!selfTest) EXPECT_EQ(disagreements_, 0u) << "seed " << seed_;
+  if (!selfTest) {
+    EXPECT_EQ(disagreements_, 0u) << "seed " << seed_;
+  }
   return disagreements_;
 }
 
