@@ -358,7 +358,7 @@ TEST_F(KubeAgent, AnnotationsChangeSettingsInPlace) {
   EXPECT_EQ(enrollment(a)->enrolledAtNs, first->enrolledAtNs);
   EXPECT_EQ(dnsPath(a, 3), "echoed");
   EXPECT_EQ((*resolver)->received().size(), 2u) << "the captured query reached the resolver";
-  EXPECT_EQ(redirection(a), "enabled");
+  EXPECT_TRUE(eventually([&] { return redirection(a) == "enabled"; }, 10s)) << "the status annotation is patched after the change";
 }
 
 // Deleted, or finished (Succeeded): removed while the process still runs.
