@@ -10,9 +10,12 @@
  *   prober (node socket) ──▶ host_egress: source -> probe addr:port ──▶ pod
  *   prober ◀── host_ingress: destination -> prober addr:port ◀── pod reply
  *
- * Only packets of a local socket are translated (skb->sk set); forwarded
- * traffic (another node's, kube-proxy's NAT) has none and stays as it is, so
- * the pod's proxy still captures it.
+ * Only what the node sends itself is translated: a probe connection is
+ * opened by a SYN of a local socket (skb->sk set), and later packets of the
+ * connection follow its element, socket or not (the kernel's own answers for
+ * it, see host_egress). Forwarded traffic (another node's, kube-proxy's NAT)
+ * arrived on an interface and stays as it is, so the pod's proxy still
+ * captures it.
  *
  * One element per translated connection, in snat_rev, keyed by the tuple
  * of its replies (pod addr:port -> probe addr:translated port); the value is
@@ -167,10 +170,9 @@ int host_egress(struct __sk_buff *skb)
 	struct flow f;
 	int opened = 0;
 
-	/* Rule 11: forwarded traffic has no socket; and it arrived somewhere,
-	 * while a packet the node sends has no input interface (a second guard,
-	 * should a kernel ever leave a socket on a forwarded packet). */
-	if (!cfg || !skb->sk || skb->ingress_ifindex)
+	/* Rule 11: forwarded traffic arrived somewhere, while a packet the node
+	 * sends has no input interface. */
+	if (!cfg || skb->ingress_ifindex)
 		return SLUICE_NEXT;
 	if (parse_flow(skb, &f) != PARSE_OK || f.proto != IPPROTO_TCP)
 		return SLUICE_NEXT;
@@ -184,12 +186,25 @@ int host_egress(struct __sk_buff *skb)
 		return SLUICE_NEXT;
 
 	if (flow_is_syn(&f)) {
+		/* Only a local socket opens a probe connection: forwarded
+		 * traffic has none. */
+		if (!skb->sk)
+			return SLUICE_NEXT;
 		v = conn_open(&f, probe, pod->netns_cookie, &k, &opened);
 		if (!v)
 			return TC_ACT_SHOT; /* every candidate port taken: retried later */
 		if (opened)
 			SLUICE_COUNT(pod->netns_cookie, probe_conns);
 	} else {
+		/* Socket or not: before Linux 6.13 the IPv6 TCP answers of
+		 * the kernel itself (tcp_v6_send_response: the ACKs of a
+		 * TIME_WAIT socket, RSTs) leave without skb->sk (IPv4's go
+		 * out on a control socket). A prober's socket that is closed
+		 * before the pod's FIN is a TIME_WAIT socket by then, so the
+		 * final ACK is such a packet: untranslated, the pod's socket
+		 * never closed, its port came back to a new probe and that
+		 * connection failed (Linux 6.1, vagrant/README.md). The
+		 * element says whose packet it is. */
 		v = conn_find(&snat_rev, &f, probe, &k);
 		if (!v) {
 			/* A late packet of a closed probe connection; connections

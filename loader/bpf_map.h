@@ -18,7 +18,8 @@ namespace sluice {
 /// Number of possible CPUs, as per-CPU maps size their values.
 int possibleCpus();
 
-/// A typed view of a map fd it does not own (the skeleton owns it).
+/// A typed view of a map fd it does not own (the skeleton, or the
+/// PodPrograms that opened the pin, owns it).
 template <typename K, typename V>
 class BpfMap {
  public:
@@ -33,6 +34,22 @@ class BpfMap {
     m.name_ = bpf_map__name(map);
     m.percpu_ = bpf_map__type(map) == BPF_MAP_TYPE_PERCPU_HASH || bpf_map__type(map) == BPF_MAP_TYPE_PERCPU_ARRAY ||
                 bpf_map__type(map) == BPF_MAP_TYPE_LRU_PERCPU_HASH;
+    return m;
+  }
+
+  /// A map opened from its pin (the caller owns @p fd): checks the key and
+  /// value sizes the kernel reports against K and V.
+  static Result<BpfMap> ofFd(int fd, const std::string& name) {
+    struct bpf_map_info info = {};
+    __u32 len = sizeof(info);
+    if (bpf_obj_get_info_by_fd(fd, &info, &len) != 0) return Error::fromErrno(errno, "read map " + name);
+    if (info.key_size != sizeof(K) || info.value_size != sizeof(V))
+      return Error::msg("map " + name + ": key/value size mismatch with maps/sluice_maps.h");
+    BpfMap m;
+    m.fd_ = fd;
+    m.name_ = name;
+    m.percpu_ = info.type == BPF_MAP_TYPE_PERCPU_HASH || info.type == BPF_MAP_TYPE_PERCPU_ARRAY ||
+                info.type == BPF_MAP_TYPE_LRU_PERCPU_HASH;
     return m;
   }
 

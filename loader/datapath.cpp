@@ -269,6 +269,10 @@ Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options)
   SLUICE_TRY(lock);
   auto programs = PodPrograms::load(options.bpffsRoot, options.snatEntries);
   SLUICE_TRY(programs);
+  // Whatever else is pinned there (an older build's programs, a load that
+  // crashed half way) is no program's only reference: hooks hold theirs.
+  if (auto stale = removeStaleProgramPins(options.bpffsRoot); !stale.ok())
+    spdlog::warn("{}", stale.error().message);
   auto current = (*programs)->settings.lookup(0);
   bool fresh = !current || current->outbound_port == 0;
   if (fresh) {
@@ -1087,7 +1091,8 @@ struct Hook {
 
 Result<PodPrograms*> Datapath::stagingPrograms() {
   if (!staging_) {
-    auto p = PodPrograms::load(options_.bpffsRoot, options_.snatEntries);
+    // Its own instance: a tcx hook refuses the program it already runs.
+    auto p = PodPrograms::load(options_.bpffsRoot, options_.snatEntries, PodPrograms::Sharing::Private);
     SLUICE_TRY(p);
     staging_ = std::move(*p);
   }

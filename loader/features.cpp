@@ -265,14 +265,24 @@ Result<FeatureReport> probeKernelFeatures() {
   return r;
 }
 
+namespace {
+std::once_flag gFeaturesOnce;
+std::optional<Result<FeatureReport>> gFeatures;
+}  // namespace
+
 Result<FeatureReport> kernelFeatures() {
-  static std::once_flag once;
-  static std::optional<Result<FeatureReport>> report;
-  std::call_once(once, [] {
-    report.emplace(probeKernelFeatures());
-    if (report->ok()) spdlog::info("{}", summarizeFeatures(report->value()));
+  std::call_once(gFeaturesOnce, [] {
+    gFeatures.emplace(probeKernelFeatures());
+    if (gFeatures->ok()) spdlog::info("{}", summarizeFeatures(gFeatures->value()));
   });
-  return *report;
+  return *gFeatures;
+}
+
+void seedKernelFeatures(const FeatureReport& report) {
+  std::call_once(gFeaturesOnce, [&report] {
+    gFeatures.emplace(report);
+    spdlog::debug("{} (as pinned)", summarizeFeatures(report));
+  });
 }
 
 }  // namespace sluice

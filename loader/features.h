@@ -87,6 +87,11 @@ Result<FeatureReport> probeKernelFeatures();
 /// (the chosen paths); later calls return the same report.
 Result<FeatureReport> kernelFeatures();
 
+/// Makes @p report the process-wide one when nothing has been probed yet:
+/// a process reusing pinned programs takes the report their loader
+/// probed (loader/program_pins.h) instead of probing again.
+void seedKernelFeatures(const FeatureReport& report);
+
 /// Picks the pod-cookie method from the probed features (and the override,
 /// empty for none): kfunc when the kernel has it, else probe-read when
 /// bpf_probe_read_kernel is available at TC, else None. Sets cookieMethod

@@ -352,6 +352,17 @@ Status Migration::complete(PodPrograms& programs) {
   return {};
 }
 
+Result<bool> pinnedLayoutsAreThisBuilds(const std::string& root) {
+  auto layouts = readLayouts(root);
+  SLUICE_TRY(layouts);
+  if (!*layouts || !asidePins(root).empty()) return false;
+  for (const auto& l : mapLayouts()) {
+    auto it = (*layouts)->find(l.name);
+    if (it == (*layouts)->end() || it->second != l.version) return false;
+  }
+  return true;
+}
+
 Result<std::vector<PinnedLayout>> pinnedLayouts(const std::string& root) {
   auto layouts = readLayouts(root);
   SLUICE_TRY(layouts);

@@ -74,6 +74,12 @@ class Migration {
   std::vector<Step> steps_;
 };
 
+/// True when `layouts` under @p root records exactly this build's layout
+/// of every map and no migration is under way: what a process reusing
+/// pinned programs checks, since a layout change needs a load (and the
+/// refusals of Migration::plan).
+Result<bool> pinnedLayoutsAreThisBuilds(const std::string& root);
+
 /// Reads the layouts pinned under @p root (for `sluicectl status` and
 /// tests); empty when nothing is pinned.
 Result<std::vector<PinnedLayout>> pinnedLayouts(const std::string& root);

@@ -5,12 +5,13 @@
 
 #include <cstdarg>
 #include <mutex>
+#include <type_traits>
 
 #include "host_tc.skel.h"
 #include "loader/migrate.h"
-#include "pod_tc.skel.h"
 #include "pod_sock.skel.h"
 #include "pod_sock_compat.skel.h"
+#include "pod_tc.skel.h"
 #include "pod_tc_compat.skel.h"
 
 namespace sluice {
@@ -58,6 +59,42 @@ void routeLibbpfLogging() {
   std::call_once(once, [] { libbpf_set_print(libbpfPrint); });
 }
 
+template <typename Bind>
+Status PodPrograms::bindAll(Bind&& bind) {
+  SLUICE_TRY(bind(settings, SLUICE_PIN_SETTINGS));
+  SLUICE_TRY(bind(podConfig, SLUICE_PIN_POD_CONFIG));
+  SLUICE_TRY(bind(podStats, SLUICE_PIN_POD_STATS));
+  SLUICE_TRY(bind(dnsNat, SLUICE_PIN_DNS_NAT));
+  SLUICE_TRY(bind(pods, SLUICE_PIN_PODS));
+  SLUICE_TRY(bind(podAddrs, SLUICE_PIN_POD_ADDRS));
+  SLUICE_TRY(bind(snatRev, SLUICE_PIN_SNAT_REV));
+  SLUICE_TRY(bind(snatClosed, SLUICE_PIN_SNAT_CLOSED));
+  SLUICE_TRY(bind(podListeners, SLUICE_PIN_POD_LISTENERS));
+  SLUICE_TRY(bind(layouts, SLUICE_PIN_LAYOUTS));
+  SLUICE_TRY(bind(proxyIdentity, SLUICE_PIN_PROXY_IDENTITY));
+  return bind(proxyCgroups, SLUICE_PIN_PROXY_CGROUPS);
+}
+
+template <typename Bind>
+Status PodPrograms::bindSocketMaps(Bind&& bind) {
+  SLUICE_TRY(bind(podSock, SLUICE_PIN_POD_SOCK));
+  SLUICE_TRY(bind(sockListeners, SLUICE_PIN_SOCK_LISTENERS));
+  SLUICE_TRY(bind(origDst, SLUICE_PIN_ORIG_DST));
+  SLUICE_TRY(bind(skLookupPod, SLUICE_PIN_SK_LOOKUP_POD));
+  return bind(skLookupProg, SLUICE_PIN_SK_LOOKUP_PROG);
+}
+
+namespace {
+// bind() for the maps of a loaded object, by name.
+auto bindFromObject(const struct bpf_object* obj) {
+  return [obj](auto& out, const char* name) -> Status {
+    const struct bpf_map* m = bpf_object__find_map_by_name(obj, name);
+    if (!m) return Error::msg(std::string("BPF object has no map '") + name + "'", EINVAL);
+    return bindMap(m, out);
+  };
+}
+}  // namespace
+
 template <typename Skel>
 Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   if (int err = loadFn(skel); err != 0) {
@@ -68,20 +105,7 @@ Status PodPrograms::loadPod(Skel* skel, int (*loadFn)(Skel*)) {
   egressFd_ = bpf_program__fd(skel->progs.pod_egress);
   ingressFd_ = bpf_program__fd(skel->progs.pod_ingress);
   loEgressFd_ = bpf_program__fd(skel->progs.pod_lo_egress);
-  auto& m = skel->maps;
-  SLUICE_TRY(bindMap(m.settings, settings));
-  SLUICE_TRY(bindMap(m.pod_config, podConfig));
-  SLUICE_TRY(bindMap(m.pod_stats, podStats));
-  SLUICE_TRY(bindMap(m.dns_nat, dnsNat));
-  SLUICE_TRY(bindMap(m.pods, pods));
-  SLUICE_TRY(bindMap(m.pod_addrs, podAddrs));
-  SLUICE_TRY(bindMap(m.snat_rev, snatRev));
-  SLUICE_TRY(bindMap(m.snat_closed, snatClosed));
-  SLUICE_TRY(bindMap(m.pod_listeners, podListeners));
-  SLUICE_TRY(bindMap(m.layouts, layouts));
-  SLUICE_TRY(bindMap(m.proxy_identity, proxyIdentity));
-  SLUICE_TRY(bindMap(m.proxy_cgroups, proxyCgroups));
-  return {};
+  return bindAll(bindFromObject(skel->obj));
 }
 
 template <typename Skel>
@@ -96,17 +120,98 @@ Status PodPrograms::loadSocket(Skel* skel, int (*loadFn)(Skel*)) {
       bpf_program__fd(pr.pod_sockops),      bpf_program__fd(pr.pod_skb_ingress), bpf_program__fd(pr.pod_skb_egress),
       bpf_program__fd(pr.pod_sk_lookup),    bpf_program__fd(pr.pod_sock_create),
   };
-  auto& m = skel->maps;
-  SLUICE_TRY(bindMap(m.pod_sock, podSock));
-  SLUICE_TRY(bindMap(m.sock_listeners, sockListeners));
-  SLUICE_TRY(bindMap(m.orig_dst, origDst));
-  SLUICE_TRY(bindMap(m.sk_lookup_pod, skLookupPod));
-  SLUICE_TRY(bindMap(m.sk_lookup_prog, skLookupProg));
+  SLUICE_TRY(bindSocketMaps(bindFromObject(skel->obj)));
+  socketLoaded_ = true;
   return {};
 }
 
-Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, uint32_t snatEntries) {
+namespace {
+// SocketPrograms' members in PinnedProg order (from kFirstSocketProg).
+constexpr int SocketPrograms::*kSocketProgOrder[] = {
+    &SocketPrograms::connect4,     &SocketPrograms::connect6,     &SocketPrograms::sendmsg4,
+    &SocketPrograms::sendmsg6,     &SocketPrograms::recvmsg4,     &SocketPrograms::recvmsg6,
+    &SocketPrograms::getpeername4, &SocketPrograms::getpeername6, &SocketPrograms::getsockopt,
+    &SocketPrograms::sockops,      &SocketPrograms::skbIngress,   &SocketPrograms::skbEgress,
+    &SocketPrograms::skLookup,     &SocketPrograms::sockCreate,
+};
+static_assert(std::size(kSocketProgOrder) == kPinnedProgs - kFirstSocketProg);
+}  // namespace
+
+std::string buildIdentity(PodCookieMethod method) {
+  // Hashed once per method and process (the objects are this binary's).
+  static std::once_flag once[2];
+  static std::string ids[2];
+  int i = method == PodCookieMethod::KernCtx ? 0 : 1;
+  std::call_once(once[i], [&] {
+    size_t podSize = 0, sockSize = 0, hostSize = 0;
+    const void* pod = i == 0 ? pod_tc__elf_bytes(&podSize) : pod_tc_compat__elf_bytes(&podSize);
+    const void* sock = i == 0 ? pod_sock__elf_bytes(&sockSize) : pod_sock_compat__elf_bytes(&sockSize);
+    const void* host = host_tc__elf_bytes(&hostSize);
+    ids[i] = identityOf({{pod, podSize}, {sock, sockSize}, {host, hostSize}}, method);
+  });
+  return ids[i];
+}
+
+Status PodPrograms::usePins(ProgramPins pins) {
+  const auto& names = boundMapNames();
+  auto fromPins = [&](auto& out, const char* name) -> Status {
+    for (size_t i = 0; i < names.size(); i++)
+      if (std::string(names[i]) == name) {
+        auto typed = std::remove_reference_t<decltype(out)>::ofFd(pins.maps[i].get(), name);
+        SLUICE_TRY(typed);
+        out = *typed;
+        return {};
+      }
+    return Error::msg(std::string("no pinned map ") + name, EINVAL);
+  };
+  SLUICE_TRY(bindAll(fromPins));
+  socketError_ = pins.socketError;
+  if (socketError_.empty()) {
+    SLUICE_TRY(bindSocketMaps(fromPins));
+    for (int i = kFirstSocketProg; i < kPinnedProgs; i++)
+      socketProgs_.*kSocketProgOrder[i - kFirstSocketProg] = pins.progs[i].get();
+    socketLoaded_ = true;
+  }
+  auto prog = [&pins](PinnedProg p) { return pins.progs[static_cast<int>(p)].get(); };
+  egressFd_ = prog(PinnedProg::PodEgress);
+  ingressFd_ = prog(PinnedProg::PodIngress);
+  loEgressFd_ = prog(PinnedProg::PodLoEgress);
+  hostEgressFd_ = prog(PinnedProg::HostEgress);
+  hostIngressFd_ = prog(PinnedProg::HostIngress);
+  cookieMethod_ = pins.features.cookieMethod;
+  identity_ = pins.identity;
+  reused_ = true;
+  // What the loader probed stands for this process's probes (the
+  // reuseport warning of `pod add` reads it).
+  seedKernelFeatures(pins.features);
+  pins_ = std::move(pins);
+  return {};
+}
+
+Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, uint32_t snatEntries, Sharing sharing) {
   routeLibbpfLogging();
+  if (sharing == Sharing::Shared) {
+    // The fast path: this build's programs, loaded and verified once per
+    // root, taken from their pins with the maps they were loaded against.
+    auto pins = openProgramPins(root, snatEntries);
+    SLUICE_TRY(pins);
+    // The layouts too: pins the programs were loaded against, but with a
+    // layout recorded since by another build, go through Migration::plan.
+    if (*pins) {
+      auto same = pinnedLayoutsAreThisBuilds(root);
+      SLUICE_TRY(same);
+      if (!*same) {
+        spdlog::info("layouts pinned under {} are not this build's; loading", root);
+        pins->reset();
+      }
+    }
+    if (*pins) {
+      std::unique_ptr<PodPrograms> p(new PodPrograms());
+      SLUICE_TRY(p->usePins(std::move(**pins)));
+      spdlog::debug("reusing programs {} pinned under {}", p->identity_, root);
+      return p;
+    }
+  }
   // Checked before the load so that the error names the feature rather
   // than a verifier line.
   auto features = kernelFeatures();
@@ -154,6 +259,7 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, 
     p->sock_ = nullptr;
     p->sockCompat_ = nullptr;
     p->socketProgs_ = {};
+    p->socketLoaded_ = false;
   }
   SLUICE_TRY(migration->complete(*p));
   // The node programs last: their maps are the pod programs' (pinned by
@@ -163,6 +269,29 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, 
   bpf_map__set_max_entries(p->host_->maps.snat_rev, snatEntries);
   if (int err = host_tc__load(p->host_); err != 0)
     return Error::fromErrno(err, "load node BPF programs (run with --log-level debug for the verifier log)");
+  p->hostEgressFd_ = bpf_program__fd(p->host_->progs.host_egress);
+  p->hostIngressFd_ = bpf_program__fd(p->host_->progs.host_ingress);
+  if (sharing == Sharing::Shared) {
+    int progs[kPinnedProgs] = {p->egressFd_, p->ingressFd_, p->loEgressFd_, p->hostEgressFd_, p->hostIngressFd_};
+    for (int i = kFirstSocketProg; i < kPinnedProgs; i++)
+      progs[i] = p->socketLoaded_ ? p->socketProgs_.*kSocketProgOrder[i - kFirstSocketProg] : -1;
+    std::vector<int> maps;
+    const auto& names = boundMapNames();
+    for (size_t i = 0; i < names.size(); i++) {
+      const bool socketMap = i >= firstSocketMap();
+      if (socketMap && !p->socketLoaded_) {
+        maps.push_back(-1);
+        continue;
+      }
+      const struct bpf_object* obj = socketMap ? (p->sock_ ? p->sock_->obj : p->sockCompat_->obj)
+                                               : (p->skel_ ? p->skel_->obj : p->compat_->obj);
+      const struct bpf_map* m = bpf_object__find_map_by_name(obj, names[i]);
+      if (!m) return Error::msg(std::string("BPF object has no map '") + names[i] + "'", EINVAL);
+      maps.push_back(bpf_map__fd(m));
+    }
+    SLUICE_TRY(pinPrograms(root, *features, progs, maps, p->socketError_));
+    p->identity_ = buildIdentity(p->cookieMethod_);
+  }
   return p;
 }
 
@@ -177,7 +306,7 @@ PodPrograms::~PodPrograms() {
 int PodPrograms::egressFd() const { return egressFd_; }
 int PodPrograms::ingressFd() const { return ingressFd_; }
 int PodPrograms::loEgressFd() const { return loEgressFd_; }
-int PodPrograms::hostEgressFd() const { return bpf_program__fd(host_->progs.host_egress); }
-int PodPrograms::hostIngressFd() const { return bpf_program__fd(host_->progs.host_ingress); }
+int PodPrograms::hostEgressFd() const { return hostEgressFd_; }
+int PodPrograms::hostIngressFd() const { return hostIngressFd_; }
 
 }  // namespace sluice

@@ -4,10 +4,12 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "loader/bpf_map.h"
 #include "loader/features.h"
+#include "loader/program_pins.h"
 #include "loader/result.h"
 #include "maps/sluice_maps.h"
 
@@ -50,7 +52,14 @@ class PodPrograms {
   /// says why, and only the TC mode is available.
   /// snatEntries: the capacity of snat_rev (probe SNAT connections); a
   /// pinned map of another capacity is refused (Migration::plan names it).
-  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root, uint32_t snatEntries = SLUICE_SNAT_ENTRIES);
+  /// Shared (the default): programs this build pinned under the root
+  /// (loader/program_pins.h) are reused without loading, probing or
+  /// opening a skeleton; otherwise the loaded ones are pinned as this
+  /// build's. Private: a load of its own, pinned nowhere (a second
+  /// instance, as a tcx link moved to the front needs).
+  enum class Sharing { Shared, Private };
+  static Result<std::unique_ptr<PodPrograms>> load(const std::string& root, uint32_t snatEntries = SLUICE_SNAT_ENTRIES,
+                                                   Sharing sharing = Sharing::Shared);
   ~PodPrograms();
   PodPrograms(const PodPrograms&) = delete;
   PodPrograms& operator=(const PodPrograms&) = delete;
@@ -62,9 +71,13 @@ class PodPrograms {
   int hostIngressFd() const;
   /// How the loaded pod programs find the pod of a packet.
   PodCookieMethod cookieMethod() const { return cookieMethod_; }
+  /// The build identity of these programs (as pinned; "" for Private).
+  const std::string& identity() const { return identity_; }
+  /// True when they were taken from the pins rather than loaded.
+  bool reused() const { return reused_; }
 
   /// Whether the socket mode's programs are loaded.
-  bool socketLoaded() const { return sock_ != nullptr || sockCompat_ != nullptr; }
+  bool socketLoaded() const { return socketLoaded_; }
   /// Why they are not ("" when they are).
   const std::string& socketError() const { return socketError_; }
   const SocketPrograms& socketPrograms() const { return socketProgs_; }
@@ -98,16 +111,32 @@ class PodPrograms {
   template <typename Skel>
   Status loadSocket(Skel* skel, int (*loadFn)(Skel*));
 
+  /// Calls bind(member, pin name) for every typed map above but the
+  /// socket mode's.
+  template <typename Bind>
+  Status bindAll(Bind&& bind);
+  /// The same for the socket mode's maps.
+  template <typename Bind>
+  Status bindSocketMaps(Bind&& bind);
+  /// Binds the maps and programs of this build's pins.
+  Status usePins(ProgramPins pins);
+
   PodCookieMethod cookieMethod_ = PodCookieMethod::None;
-  int egressFd_ = -1;  // owned by the skeleton
+  std::string identity_;
+  bool reused_ = false;
+  int egressFd_ = -1;  // owned by the skeleton or pins_
   int ingressFd_ = -1;
   int loEgressFd_ = -1;
+  int hostEgressFd_ = -1;
+  int hostIngressFd_ = -1;
+  std::optional<ProgramPins> pins_;
   struct pod_tc* skel_ = nullptr;
   struct pod_tc_compat* compat_ = nullptr;
   struct pod_sock* sock_ = nullptr;
   struct pod_sock_compat* sockCompat_ = nullptr;
   struct host_tc* host_ = nullptr;
-  SocketPrograms socketProgs_;
+  SocketPrograms socketProgs_;  // owned by a socket skeleton or pins_
+  bool socketLoaded_ = false;
   std::string socketError_;
 };
 

@@ -145,6 +145,7 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_PIN_SNAT_CLOSED "snat_closed"
 #define SLUICE_PIN_POD_LISTENERS "pod_listeners"
 #define SLUICE_PIN_LINKS_DIR "links" /* links/<pod id>/<ifname>_<hook> */
+#define SLUICE_PIN_PROGRAMS_DIR "programs" /* programs/<build identity>/, programs/current (loader/program_pins.h) */
 #define SLUICE_PIN_LAYOUTS "layouts"
 #define SLUICE_PIN_PROXY_IDENTITY "proxy_identity"
 #define SLUICE_PIN_PROXY_CGROUPS "proxy_cgroups"

@@ -65,8 +65,10 @@ struct EnrollResult {
 EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const IstioRules* rules);
 
 /// sluicectl as a process: `pod add` / `pod remove` times (including the
-/// process start and the program load it does every run) and peak RSS.
+/// process start) and peak RSS. The first `pod add` on the fresh root loads,
+/// verifies and pins the programs (firstAddMs); the others reuse the pins.
 struct CliResult : Failures {
+  double firstAddMs = 0;
   std::vector<double> addMs, removeMs;
   long addMaxRssKb = 0, removeMaxRssKb = 0;
 };

@@ -13,6 +13,7 @@
 
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <mutex>
 #include <set>
@@ -980,8 +981,17 @@ NodeProxyConfig testNodeProxyConfig(const std::string& zdsPath) {
   return c;
 }
 
+std::chrono::milliseconds scaledBound(std::chrono::milliseconds bound) {
+  static const long factor = [] {
+    const char* env = std::getenv("SLUICE_TEST_TIME_SCALE");
+    long f = env ? std::strtol(env, nullptr, 10) : 1;
+    return f >= 1 && f <= 100 ? f : 1L;
+  }();
+  return bound * factor;
+}
+
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout) {
-  auto deadline = std::chrono::steady_clock::now() + timeout;
+  auto deadline = std::chrono::steady_clock::now() + scaledBound(timeout);
   while (std::chrono::steady_clock::now() < deadline) {
     if (cond()) return true;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -998,7 +1008,7 @@ Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::mil
   return {};
 }
 
-std::string httpGetLoopback(uint16_t port, const std::string& path) {
+std::string httpGetLoopback(uint16_t port, const std::string& path, std::chrono::milliseconds timeout) {
   Fd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
   sockaddr_in a{};
   a.sin_family = AF_INET;
@@ -1007,7 +1017,7 @@ std::string httpGetLoopback(uint16_t port, const std::string& path) {
   if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return "connect failed";
   std::string req = "GET " + path + " HTTP/1.0\r\n\r\n";
   if (::send(s.get(), req.data(), req.size(), 0) != static_cast<ssize_t>(req.size())) return "send failed";
-  auto body = readSome(s.get(), 1 << 20);
+  auto body = readSome(s.get(), 1 << 20, timeout);
   return body.ok() ? *body : body.error().message;
 }
 

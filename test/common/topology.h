@@ -209,8 +209,15 @@ std::string echoOrError(int fd, const std::string& payload);
 /// Reads until EOF or @p max bytes or time-out.
 Result<std::string> readSome(int fd, size_t max, std::chrono::milliseconds timeout = kIoTimeout);
 
-/// Polls @p cond every 5 ms until it holds (true) or @p timeout passes
-/// (false, after one last look).
+/// @p bound stretched for a slow machine: times SLUICE_TEST_TIME_SCALE (an
+/// integer, default 1), which the 6.1 guest sets under emulation
+/// (vagrant/local/guest.sh), where a whole agent start, watch and hand-off
+/// can take many times as long as on hardware. For bounds on something
+/// expected to happen only: stretching them costs nothing when it does.
+std::chrono::milliseconds scaledBound(std::chrono::milliseconds bound);
+
+/// Polls @p cond every 5 ms until it holds (true) or @p timeout (scaled by
+/// scaledBound) passes (false, after one last look).
 bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds timeout = 10s);
 
 /// One short connection from inside @p ns to @p dst: connect, a 1-byte
@@ -219,8 +226,9 @@ bool eventually(const std::function<bool()>& cond, std::chrono::milliseconds tim
 Status connectAndEcho(const TestNetns& ns, const Endpoint& dst, std::chrono::milliseconds timeout = 3s);
 
 /// An HTTP/1.0 GET of @p path from 127.0.0.1:@p port (in the caller's
-/// netns): the whole answer (status line, headers, body), or what failed.
-std::string httpGetLoopback(uint16_t port, const std::string& path);
+/// netns): the whole answer (status line, headers, body), or what failed
+/// (nothing for @p timeout is a failure).
+std::string httpGetLoopback(uint16_t port, const std::string& path, std::chrono::milliseconds timeout = kIoTimeout);
 
 /// Local / remote address of a socket.
 Endpoint localOf(int fd);

@@ -22,19 +22,29 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <iostream>
+#include <map>
+#include <optional>
 #include <random>
+#include <set>
 #include <thread>
 
+#include "loader/bpffs.h"
 #include "loader/netlink.h"
 #include "loader/sock_hooks.h"
+#include "loader/program_pins.h"
 #include "loader/tc.h"
 #include "test/common/agent_process.h"
 #include "test/common/topology.h"
 
 namespace sluice::test {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 bool pathExists(const std::string& p) {
   struct stat st {};
@@ -52,20 +62,15 @@ std::vector<std::string> dirEntries(const std::string& dir) {
   return out;
 }
 
-// Number of keys in a pinned map.
-size_t mapKeyCount(const std::string& pin, size_t keySize) {
+// The keys of a pinned map (none when it is not there).
+std::vector<std::vector<uint8_t>> mapKeys(const std::string& pin, size_t keySize) {
+  std::vector<std::vector<uint8_t>> keys;
   int fd = bpf_obj_get(pin.c_str());
-  if (fd < 0) return 0;
-  std::vector<uint8_t> key(keySize), next(keySize);
-  size_t n = 0;
-  void* prev = nullptr;
-  while (bpf_map_get_next_key(fd, prev, next.data()) == 0) {
-    n++;
-    key = next;
-    prev = key.data();
-  }
+  if (fd < 0) return keys;
+  std::vector<uint8_t> next(keySize);
+  while (bpf_map_get_next_key(fd, keys.empty() ? nullptr : keys.back().data(), next.data()) == 0) keys.push_back(next);
   ::close(fd);
-  return n;
+  return keys;
 }
 
 // The id of the program a pinned link runs (0: none).
@@ -78,6 +83,8 @@ uint32_t linkProgramId(const std::string& pin) {
   ::close(fd);
   return id;
 }
+// Number of keys in a pinned map.
+size_t mapKeyCount(const std::string& pin, size_t keySize) { return mapKeys(pin, keySize).size(); }
 
 // The program ids running at the pod's hooks (eth0 in/out, lo out), in
 // that order; 0 where nothing is attached. Captured at the socket: the
@@ -195,10 +202,12 @@ INSTANTIATE_TEST_SUITE_P(Modes, Agent, ::testing::Values(kTcxMode, kLegacyMode, 
 
 // Issue 4, "restart and upgrade without disruption": a client makes
 // connections through the redirect in a loop while the agent is killed
-// (SIGKILL), restarted, stopped (SIGTERM) and started again; each start
-// loads a fresh copy of the programs and switches every hook to it in place
-// (a newer build does exactly this). Zero connections may fail, and every
-// one of them must have gone through the proxy.
+// (SIGKILL), restarted, stopped (SIGTERM) and started again. The restart
+// reuses the programs pinned with this build's identity (the hooks keep
+// them); the last start finds no pinned programs (as a newer build finds
+// none of its identity), loads its own and switches every hook to them in
+// place. Zero connections may fail, and every one of them must have gone
+// through the proxy.
 TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok()) << server.error().message;
@@ -230,7 +239,10 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   pause();
   EXPECT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
   pause();
-  startAgent();  // the "upgrade": another program load takes over in place
+  // The "upgrade": no programs of this identity pinned, so the start loads
+  // its own and takes over in place.
+  ASSERT_TRUE(removeTree(programsDir(bpffs_.root())).ok());
+  startAgent();
   generations.push_back(podHookPrograms(topo_.pod(), bpffs_, podId(), mode(), socket()));
   pause();
   stop = true;
@@ -244,11 +256,14 @@ TEST_P(Agent, KillRestartUpgradeUnderConnectionLoopLosesNothing) {
   // Every connection was redirected: the proxy relayed each one.
   EXPECT_TRUE(standIn_->waitForEvents(ok.load(), kIoTimeout));
   EXPECT_EQ(outboundEvents(), ok.load());
-  // Each agent start switched all hooks to its own programs.
+  // The restart kept the pinned programs; the upgrade switched all hooks.
   for (size_t g = 1; g < generations.size(); g++)
     for (size_t h = 0; h < before.size(); h++) {
       EXPECT_NE(generations[g][h], 0u) << "generation " << g << " hook " << h;
-      EXPECT_NE(generations[g][h], generations[g - 1][h]) << "generation " << g << " hook " << h << " kept the old program";
+      if (g == 1)
+        EXPECT_EQ(generations[g][h], generations[g - 1][h]) << "the restart replaced the pinned program of hook " << h;
+      else
+        EXPECT_NE(generations[g][h], generations[g - 1][h]) << "generation " << g << " hook " << h << " kept the old program";
     }
   // Pod side (eth0 in/out, lo out; socket: 13 node hooks and the shared
   // sk_lookup program) and node side (host veth in/out).
@@ -711,6 +726,420 @@ TEST_P(AgentApi, NonUtf8TextCrashesNothing) {
   ASSERT_TRUE(listed.is_array()) << cli.out;
   EXPECT_EQ(listed.size(), 1u) << cli.out;
   EXPECT_EQ(::kill(agent_->pid(), 0), 0) << "the agent died";
+}
+
+// ---- The agent under load (issue 13, item 5) ----
+
+// How long the load test's clients hammer the agent: SLUICE_LOAD_SECONDS,
+// 60 when unset (the issue's figure); 0 on a value that is not a whole
+// number > 0.
+int loadSeconds() {
+  const char* v = std::getenv("SLUICE_LOAD_SECONDS");
+  if (!v || !*v) return 60;
+  char* end = nullptr;
+  long n = std::strtol(v, &end, 10);
+  return *end == '\0' && n > 0 && n <= 3600 ? static_cast<int>(n) : 0;
+}
+
+// The entries of /proc/PID/DIR ("fd", "task"), for the leak checks.
+size_t procEntryCount(pid_t pid, const std::string& dir) {
+  return dirEntries("/proc/" + std::to_string(pid) + "/" + dir).size();
+}
+
+// What each of the process's descriptors points at, sorted: printed when
+// the fd count did not come back, so the leaked kind shows.
+std::vector<std::string> fdTargets(pid_t pid) {
+  std::string dir = "/proc/" + std::to_string(pid) + "/fd";
+  std::vector<std::string> out;
+  for (const auto& e : dirEntries(dir)) {
+    char buf[512];
+    ssize_t n = ::readlink((dir + "/" + e).c_str(), buf, sizeof(buf) - 1);
+    out.push_back(n > 0 ? std::string(buf, static_cast<size_t>(n)) : "?");
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// One client of the load test: its own pods (netns with a veth eth0, no
+// traffic), what it believes is enrolled, and what went wrong.
+struct LoadClient {
+  std::vector<std::unique_ptr<TestNetns>> pods;
+  std::vector<bool> enrolled;
+  std::vector<uint64_t> cookies;
+  size_t requests = 0;
+  size_t expectedErrors = 0;  ///< requests that must fail, refused with the right error
+  size_t reconnects = 0;
+  size_t failed = 0;
+  std::vector<std::string> failures;                        ///< the first few
+  std::map<std::string, std::pair<size_t, double>> slowest;  ///< per request kind: count, slowest ms
+
+  const std::string& id(size_t k) const { return pods[k]->name(); }
+  void fail(int client, const std::string& what) {
+    if (failed++ < 5) failures.push_back("client " + std::to_string(client) + ": " + what);
+  }
+  void note(const std::string& op, double ms) {
+    requests++;
+    auto& [n, worst] = slowest[op];
+    n++;
+    worst = std::max(worst, ms);
+  }
+};
+
+// 50 clients hammer a real sluiced (add, remove, list, stats, health,
+// /metrics and requests that must fail) for SLUICE_LOAD_SECONDS while a pod
+// enrolled through the same agent carries TCP connections through its
+// proxy. No request that should succeed may fail, and none that should fail
+// may succeed; the connection loop loses nothing; afterwards the registry
+// is what the clients believe (list, check, pod_config, the tcx link pins)
+// and the agent's descriptors and threads are back where they were.
+TEST_P(AgentApi, FiftyClientsHammeringWhileTrafficFlows) {
+  constexpr int kClients = 50;
+  constexpr size_t kPodsPerClient = 2;
+  const int seconds = loadSeconds();
+  ASSERT_GT(seconds, 0) << "SLUICE_LOAD_SECONDS must be a whole number of seconds, 1-3600";
+  uint16_t metricsPort = freeLoopbackPort();
+  ASSERT_NE(metricsPort, 0);
+  // The limit above the clients: each holds at most one connection at a
+  // time, but one it closed still counts until the agent's thread has seen
+  // the end, so 50 clients reconnecting can briefly hold more than 50. Here
+  // every refusal would be a failure. The request deadline (also how long
+  // an idle connection is kept) is raised: under emulation (the 6.1 guest)
+  // a client thread starved of CPU sat more than the default 10 s between
+  // two requests and found its connection closed; the deadline has its own
+  // test (TricklingClientIsCutAtTheRequestDeadline).
+  startAgent({"--max-connections", "128", "--request-deadline-ms", "120000", "--reconcile-interval", "1",
+              "--metrics-address", "127.0.0.1:" + std::to_string(metricsPort)});
+  auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  enrollWithProxy();
+  if (HasFatalFailure()) return;
+  auto trafficCookie = topo_.pod().cookie();
+  ASSERT_TRUE(trafficCookie.ok());
+
+  std::vector<LoadClient> clients(kClients);
+  {
+    // Each client's pods, made by a few threads (one after another, 300
+    // `ip` runs take minutes under emulation; all at once, each is slower
+    // than its time-out there).
+    std::atomic<size_t> next{0};
+    std::vector<std::thread> makers;
+    for (int t = 0; t < 4; t++)
+      makers.emplace_back([&] {
+        for (size_t i; (i = next++) < clients.size();) {
+          LoadClient& lc = clients[i];
+          for (size_t k = 0; k < kPodsPerClient; k++) {
+            auto ns = std::make_unique<TestNetns>("load");
+            if (!ns->ok()) {
+              lc.failures.push_back("netns: " + ns->error());
+              break;
+            }
+            if (auto r = ns->ip("link add eth0 up type veth peer name eth1"); r.exitCode != 0)
+              lc.failures.push_back(r.describe());
+            auto cookie = ns->cookie();
+            lc.cookies.push_back(cookie.ok() ? *cookie : 0);
+            lc.pods.push_back(std::move(ns));
+            lc.enrolled.push_back(false);
+          }
+        }
+      });
+    for (auto& t : makers) t.join();
+    for (const auto& lc : clients) ASSERT_TRUE(lc.failures.empty()) << lc.failures.front();
+  }
+  auto specOf = [](const LoadClient& lc, size_t k) {
+    PodSpec s;
+    s.netnsPath = lc.pods[k]->path();
+    s.id = lc.id(k);
+    return s;
+  };
+
+  // Warm-up, one of each request, so that whatever the agent opens once on
+  // first use (and keeps) is in the baseline, then the baseline: a served
+  // and closed connection the agent has not reaped yet is allowed on both
+  // sides (it closes a finished connection's fd on its next accept).
+  {
+    auto c = client();
+    ASSERT_TRUE(c.addPod(specOf(clients[0], 0)).ok());
+    ASSERT_TRUE(c.stats(clients[0].id(0)).ok());
+    ASSERT_TRUE(c.listPods().ok());
+    ASSERT_TRUE(c.removePod(clients[0].id(0)).ok());
+    ASSERT_NE(httpGetLoopback(metricsPort, "/metrics").find("200 OK"), std::string::npos);
+  }
+  auto settle = [&] {
+    for (int i = 0; i < 3; i++) {
+      if (auto c = agent_->client(); c.ok()) (void)c->health();
+      std::this_thread::sleep_for(100ms);
+    }
+  };
+  settle();
+  const pid_t pid = agent_->pid();
+  const size_t fdsBefore = procEntryCount(pid, "fd"), threadsBefore = procEntryCount(pid, "task");
+  const auto fdListBefore = fdTargets(pid);
+
+  // The traffic: connections through the enrolled pod's redirect, to the
+  // node's echo server via the stand-in, for as long as the clients run.
+  std::atomic<bool> stop{false};
+  size_t conns = 0;
+  std::vector<std::string> connFailures;
+  std::thread traffic([&] {
+    // Paced: each connection leaves two TIME_WAIT sockets in the pod netns
+    // (the app's and the proxy's upstream) for 60 s on 28,232 ephemeral
+    // ports; unpaced (~400/s here) the loop ran out of ports within a
+    // minute and the proxy reset what it could not connect. At 100/s at
+    // most 12,000 are held, however long the run.
+    auto next = Clock::now();
+    while (!stop) {
+      std::this_thread::sleep_until(next);
+      next += 10ms;
+      Status st = oneConnection((*server)->local());
+      if (st.ok())
+        conns++;
+      else
+        connFailures.push_back(st.error().message);
+    }
+  });
+
+  const auto start = Clock::now();
+  const auto until = start + std::chrono::seconds(seconds);
+  std::vector<std::thread> workers;
+  for (int i = 0; i < kClients; i++)
+    workers.emplace_back([&, i] {
+      LoadClient& lc = clients[i];
+      std::mt19937 rng(static_cast<uint32_t>(i) + 1);
+      std::optional<agent::Client> conn;
+      while (Clock::now() < until) {
+        const size_t failedBefore = lc.failed;
+        if (!conn || rng() % 64 == 0) {
+          conn.reset();
+          auto c = agent_->client();
+          if (!c.ok()) {
+            lc.fail(i, "connect: " + c.error().message);
+            continue;
+          }
+          conn.emplace(std::move(*c));
+          lc.reconnects++;
+        }
+        const size_t k = rng() % kPodsPerClient;
+        const std::string& id = lc.id(k);
+        const auto t0 = Clock::now();
+        std::string op;
+        Status st;                 // of a request that must succeed
+        std::optional<Error> err;  // of a request that must fail, and the error it must get
+        switch (rng() % 10) {
+          case 0:
+          case 1:
+            if (lc.enrolled[k]) {
+              op = "remove";
+              st = conn->removePod(id);
+              if (st.ok()) lc.enrolled[k] = false;
+            } else {
+              op = "add";
+              auto info = conn->addPod(specOf(lc, k));
+              if (!info.ok())
+                st = info.error();
+              else if (info->id != id || info->netnsCookie != lc.cookies[k])
+                st = Error::msg("answered pod " + info->id + " cookie " + std::to_string(info->netnsCookie));
+              else
+                lc.enrolled[k] = true;
+            }
+            break;
+          case 2:
+            if (lc.enrolled[k]) {
+              op = "add (repeated)";  // idempotent
+              auto info = conn->addPod(specOf(lc, k));
+              if (!info.ok()) st = info.error();
+            } else {
+              op = "remove (absent)";
+              st = conn->removePod(id);
+              err = Error::msg("pod '" + id + "' is not enrolled", ENOENT);
+            }
+            break;
+          case 3:
+          case 4: {
+            op = "list";
+            auto pods = conn->listPods();
+            if (!pods.ok()) {
+              st = pods.error();
+              break;
+            }
+            // Only this client touches its pods: the listing must agree.
+            for (size_t j = 0; j < kPodsPerClient; j++) {
+              bool listed = std::any_of(pods->begin(), pods->end(), [&](const PodInfo& p) { return p.id == lc.id(j); });
+              if (listed != lc.enrolled[j])
+                st = Error::msg("pod " + lc.id(j) + (listed ? " listed but removed" : " enrolled but not listed"));
+            }
+            break;
+          }
+          case 5:
+          case 6: {
+            auto s = conn->stats(id);
+            if (lc.enrolled[k]) {
+              op = "stats";
+              if (!s.ok())
+                st = s.error();
+              else if (s->size() != 1 || s->front().id != id)
+                st = Error::msg("answered " + std::to_string(s->size()) + " pods");
+            } else {
+              op = "stats (absent)";
+              st = s.ok() ? Status{} : Status(s.error());
+              err = Error::msg("pod '" + id + "' is not enrolled", ENOENT);
+            }
+            break;
+          }
+          case 7: {
+            // Requests that must fail, each with its code.
+            static const std::pair<std::string, std::string> kBad[] = {
+                {"not json", "EINVAL"},
+                {R"({"version":1,"op":"explode"})", "EINVAL"},
+                {R"({"version":7,"op":"list"})", "EPROTO"},
+                {R"({"version":1,"op":"add","pod":{"netns":"relative"}})", "EINVAL"},
+            };
+            const auto& [line, code] = kBad[rng() % std::size(kBad)];
+            op = "invalid";
+            auto raw = conn->roundTrip(line);
+            auto j = raw.ok() ? nlohmann::json::parse(*raw, nullptr, false) : nlohmann::json();
+            if (!j.is_object() || j.value("ok", true) || j["error"].value("code", "") != code)
+              st = Error::msg(line + " -> " + (raw.ok() ? *raw : raw.error().message));
+            break;
+          }
+          case 8: {
+            op = "health";
+            auto h = conn->health();
+            if (!h.ok()) st = h.error();
+            break;
+          }
+          default: {
+            // What is checked is that the page comes, not how fast: under
+            // emulation an answer queued behind 50 clients took up to 17 s.
+            op = "GET /metrics";
+            std::string page = httpGetLoopback(metricsPort, "/metrics", 60s);
+            if (page.find("HTTP/1.1 200 OK") == std::string::npos || page.find("sluice_pods_enrolled ") == std::string::npos)
+              st = Error::msg(page.substr(0, 200));
+            break;
+          }
+        }
+        lc.note(op, std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+        if (err) {
+          if (st.ok())
+            lc.fail(i, op + " of " + id + " succeeded");
+          else if (st.error().code != err->code || st.error().message.find(err->message) == std::string::npos)
+            lc.fail(i, op + " of " + id + ": " + st.error().message);
+          else
+            lc.expectedErrors++;
+        } else if (!st.ok()) {
+          lc.fail(i, op + (op == "list" || op == "health" || op == "invalid" ? "" : " " + id) + ": " +
+                         st.error().message);
+        }
+        if (lc.failed != failedBefore) conn.reset();  // the connection may be what broke
+      }
+    });
+  for (auto& t : workers) t.join();
+  const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+  stop = true;
+  traffic.join();
+
+  size_t requests = 0, expectedErrors = 0, reconnects = 0, failed = 0;
+  std::string firstFailures;
+  std::map<std::string, std::pair<size_t, double>> slowest;
+  for (const auto& lc : clients) {
+    requests += lc.requests;
+    expectedErrors += lc.expectedErrors;
+    reconnects += lc.reconnects;
+    failed += lc.failed;
+    for (const auto& f : lc.failures) firstFailures += "\n  " + f;
+    for (const auto& [op, v] : lc.slowest) {
+      slowest[op].first += v.first;
+      slowest[op].second = std::max(slowest[op].second, v.second);
+    }
+  }
+  std::cout << "[ load     ] " << kClients << " clients, " << seconds << " s (" << elapsed << " s): " << requests
+            << " requests (" << static_cast<int>(requests / elapsed) << "/s), " << expectedErrors
+            << " refused as they must be, " << failed << " failed; " << reconnects << " connections to the agent\n";
+  for (const auto& [op, v] : slowest)
+    std::cout << "[ load     ]   " << op << ": " << v.first << ", slowest " << static_cast<int>(v.second) << " ms\n";
+  std::cout << "[ load     ] traffic: " << conns << " connections through the proxy, " << connFailures.size()
+            << " failed\n";
+  RecordProperty("requests", static_cast<int>(requests));
+  RecordProperty("requests_per_second", static_cast<int>(requests / elapsed));
+  RecordProperty("connections", static_cast<int>(conns));
+  EXPECT_EQ(failed, 0u) << firstFailures;
+  EXPECT_TRUE(connFailures.empty()) << connFailures.size() << " connections failed, first: " << connFailures.front();
+  EXPECT_GE(conns, static_cast<size_t>(seconds)) << "too few connections to mean anything";
+  // Enough to mean something, whatever the speed (22 requests/s under
+  // emulation, 20 times more on the host): every kind of request, and a
+  // few from each client on average.
+  EXPECT_EQ(slowest.size(), 10u) << "not every kind of request was made";
+  EXPECT_GE(requests, static_cast<size_t>(kClients) * 5) << "too few requests to mean anything";
+  EXPECT_TRUE(standIn_->waitForEvents(conns, kIoTimeout));
+  EXPECT_EQ(outboundEvents(), conns) << "every connection went through the proxy";
+
+  // The registry afterwards: what the clients believe, in the listing, in
+  // each pod's check, in pod_config (keyed by netns cookie) and, with tcx,
+  // in the link pins (one directory per pod).
+  std::set<std::string> believed = {podId()};
+  std::set<uint64_t> believedCookies = {*trafficCookie};
+  for (const auto& lc : clients)
+    for (size_t k = 0; k < kPodsPerClient; k++)
+      if (lc.enrolled[k]) {
+        believed.insert(lc.id(k));
+        believedCookies.insert(lc.cookies[k]);
+      }
+  {
+    auto c = client();
+    auto pods = c.listPods();
+    ASSERT_TRUE(pods.ok()) << pods.error().message;
+    std::set<std::string> listed;
+    std::set<uint64_t> listedCookies;
+    for (const auto& p : *pods) {
+      listed.insert(p.id);
+      listedCookies.insert(p.netnsCookie);
+    }
+    EXPECT_EQ(listed, believed);
+    EXPECT_EQ(listedCookies, believedCookies);
+    std::set<uint64_t> configured;
+    for (const auto& key : mapKeys(bpffs_.root() + "/pod_config", sizeof(uint64_t))) {
+      uint64_t cookie = 0;
+      std::memcpy(&cookie, key.data(), sizeof(cookie));
+      configured.insert(cookie);
+    }
+    EXPECT_EQ(configured, believedCookies) << "pod_config disagrees with the registry";
+    if (mode() == TcMode::Tcx) {
+      auto dirs = dirEntries(bpffs_.root() + "/links");
+      EXPECT_EQ(std::set<std::string>(dirs.begin(), dirs.end()), believed) << "link pins disagree with the registry";
+    }
+    for (const auto& id : believed) {
+      auto report = c.check(id);
+      ASSERT_TRUE(report.ok()) << id << ": " << report.error().message;
+      EXPECT_TRUE(report->intact) << id << ": " << nlohmann::json(report->problems).dump();
+    }
+    std::cout << "[ load     ] afterwards: " << believed.size() << " pods enrolled, as the clients believe\n";
+
+    // The clients' pods removed, the agent is back to its baseline.
+    for (const auto& lc : clients)
+      for (size_t k = 0; k < kPodsPerClient; k++)
+        if (lc.enrolled[k]) {
+          EXPECT_TRUE(c.removePod(lc.id(k)).ok()) << lc.id(k);
+        }
+    EXPECT_EQ(mapKeyCount(bpffs_.root() + "/pod_config", sizeof(uint64_t)), 1u);
+  }  // closed: the measurements below see no client of ours
+  size_t fdsAfter = 0, threadsAfter = 0;
+  // Finished connection threads end on their own; give them a moment.
+  for (int i = 0; i < 50; i++) {
+    settle();
+    fdsAfter = procEntryCount(pid, "fd");
+    threadsAfter = procEntryCount(pid, "task");
+    if (fdsAfter <= fdsBefore + 1 && threadsAfter <= threadsBefore) break;
+  }
+  std::cout << "[ load     ] agent fds " << fdsBefore << " -> " << fdsAfter << ", threads " << threadsBefore << " -> "
+            << threadsAfter << "\n";
+  // One fd of slack: whether the last served connection was reaped yet.
+  EXPECT_LE(fdsAfter, fdsBefore + 1) << "before:\n" << [&] {
+    std::string s;
+    for (const auto& t : fdListBefore) s += "  " + t + "\n";
+    s += "after:\n";
+    for (const auto& t : fdTargets(pid)) s += "  " + t + "\n";
+    return s;
+  }();
+  EXPECT_LE(threadsAfter, threadsBefore);
 }
 
 // Bad flags: a usage error on stderr, exit 2, nothing started.

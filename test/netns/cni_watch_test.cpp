@@ -25,6 +25,7 @@ namespace {
 
 using nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 const json kCalico = {{"cniVersion", "0.3.1"},
                       {"name", "k8s-pod-network"},
@@ -69,13 +70,9 @@ TEST(AgentCniWatch, RewrittenConflistGetsSluiceBackWithLogAndMetric) {
                                    socket);
   ASSERT_TRUE(agent.ok()) << agent.error().message;
   auto& a = **agent;
-  // The watch starts once the API answers (when start() returns): its line
-  // may come a moment later.
-  EXPECT_TRUE(eventually([&] {
-    return a.log().find("watching " + work.file("net.d") + " to keep sluice-cni in the primary CNI configuration") !=
-           std::string::npos;
-  }))
-      << a.log();
+  // The watch may start just after the API socket answers (start()'s cue).
+  const std::string watching = "watching " + work.file("net.d") + " to keep sluice-cni in the primary CNI configuration";
+  EXPECT_TRUE(eventually([&] { return a.log().find(watching) != std::string::npos; }, 5s)) << a.log();
   EXPECT_EQ(metricValue(httpGetLoopback(port, "/metrics"), "sluice_cni_conflist_restored_total"), 0);
 
   // Calico rewrites its conflist (temporary file + rename), without sluice-cni.

@@ -1,4 +1,4 @@
-// Crafted packets against the redirect (shared/spec/redirection.md, "Fail
+// Crafted packets against the redirect (docs/redirection.md and README, "Fail
 // closed on what cannot be judged"): frames an app or peer with CAP_NET_RAW
 // builds on an AF_PACKET socket (test/common/raw_link.h), through a real
 // enrolled pod, tcx and legacy, IPv4 and IPv6.

@@ -112,7 +112,7 @@ class KubeAgent : public ::testing::Test {
     auto p = NodeProxyStandIn::start(testNodeProxyConfig(zdsPath()));
     EXPECT_TRUE(p.ok()) << p.error().message;
     proxies_.push_back(std::move(*p));
-    EXPECT_TRUE(proxies_.back()->waitForEvent("snapshot", "", 5s)) << "no snapshot from the agent";
+    EXPECT_TRUE(proxies_.back()->waitForEvent("snapshot", "", scaledBound(5s))) << "no snapshot from the agent";
     return *proxies_.back();
   }
 
@@ -218,7 +218,7 @@ class KubeAgent : public ::testing::Test {
   /// query reached the resolver, else what went wrong.
   static std::string dnsPath(const RunningPod& pod, uint16_t id) {
     std::string q = dnsQuery(id, "sluice.example.com", 1);
-    auto reply = udpExchange(pod.topo.pod(), Endpoint::of(PodTopology::kNodeV4, 53), q);
+    auto reply = udpExchange(pod.topo.pod(), Endpoint::of(PodTopology::kNodeV4, 53), q, true, scaledBound(kIoTimeout));
     if (!reply.ok()) return "error: " + reply.error().message;
     if (reply->payload == q) return "echoed";
     auto answer = parseDnsAnswer(reply->payload);
@@ -292,7 +292,7 @@ TEST_F(KubeAgent, NamespaceLabelledEnrollsItsRunningPodsAndUnlabelledRemovesThem
   ASSERT_TRUE(server_->setNamespaceLabels("shop", {}).ok());
   ASSERT_TRUE(eventually([&] { return !enrolled(a) && !enrolled(b); }, 15s));
   ASSERT_TRUE(eventually([&] { return !redirection(a) && !redirection(b); }, 10s)) << "annotation left behind";
-  EXPECT_TRUE(proxy.waitForEvent("del", a.uid, 3s));
+  EXPECT_TRUE(proxy.waitForEvent("del", a.uid, scaledBound(3s)));
   EXPECT_EQ(echoOrError(before->get(), "after"), "after") << "removal broke an open connection";
   ASSERT_TRUE(a.connectOut().ok());
   EXPECT_EQ(relayed(proxy, a), 1u) << "a connection after the removal went to the proxy";
@@ -358,7 +358,7 @@ TEST_F(KubeAgent, AnnotationsChangeSettingsInPlace) {
   EXPECT_EQ(enrollment(a)->enrolledAtNs, first->enrolledAtNs);
   EXPECT_EQ(dnsPath(a, 3), "echoed");
   EXPECT_EQ((*resolver)->received().size(), 2u) << "the captured query reached the resolver";
-  EXPECT_EQ(redirection(a), "enabled");
+  EXPECT_TRUE(eventually([&] { return redirection(a) == "enabled"; }, 10s)) << "the status annotation is patched after the change";
 }
 
 // Deleted, or finished (Succeeded): removed while the process still runs.
@@ -371,7 +371,7 @@ TEST_F(KubeAgent, DeletedOrFinishedPodsAreRemoved) {
   ASSERT_TRUE(eventually([&] { return enrolled(gone) && enrolled(job); }, 15s));
   ASSERT_TRUE(server_->deletePod("shop", "gone").ok());
   ASSERT_TRUE(eventually([&] { return !enrolled(gone); }, 10s));
-  EXPECT_TRUE(proxy.waitForEvent("del", gone.uid, 3s));
+  EXPECT_TRUE(proxy.waitForEvent("del", gone.uid, scaledBound(3s)));
   ASSERT_TRUE(eventually([&] { return redirection(job) == "enabled"; }, 10s));
   ASSERT_TRUE(server_->patchPod("shop", "job", {{"status", {{"phase", "Succeeded"}}}}).ok());
   ASSERT_TRUE(eventually([&] { return !enrolled(job) && !redirection(job); }, 10s));
@@ -492,7 +492,7 @@ TEST_F(KubeAgent, CniAddAsksTheAgent) {
   r = cni("DEL", inside, "c0ffee-inside");
   ASSERT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_FALSE(enrolled(inside));
-  EXPECT_TRUE(proxy.waitForEvent("del", inside.uid, 3s));
+  EXPECT_TRUE(proxy.waitForEvent("del", inside.uid, scaledBound(3s)));
   std::this_thread::sleep_for(500ms);
   EXPECT_TRUE(enrolledNames().empty());
 }

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <functional>
 #include <iomanip>
 #include <nlohmann/json.hpp>
@@ -332,6 +333,7 @@ BpffsReport inspectBpffsForStatus(const Command& cmd, const std::optional<agent:
   } else {
     b.localNote = m.error().message;
   }
+  b.programs = inspectProgramPins(cmd.bpffsRoot);
   return b;
 }
 
@@ -372,6 +374,18 @@ std::string describeAgentBpffs(const agent::Health& h) {
     return s + "its bpffs is PRIVATE to its mount namespace (" + h.bpffsScopeWhy +
            "): every pod's redirection vanishes when the agent exits (it was started with --allow-private-bpffs)";
   return s + "does not report where its bpffs lives";
+}
+
+std::string describePrograms(const PinnedProgramsInfo& p) {
+  if (!p.problem.empty()) return "UNREADABLE: " + p.problem;
+  if (p.identity.empty()) return "none pinned (the first sluicectl or sluiced loads and pins them)";
+  time_t secs = static_cast<time_t>(p.loadedAtNs / 1000000000ull);
+  char when[32] = "?";
+  struct tm tm {};
+  if (::gmtime_r(&secs, &tm)) std::strftime(when, sizeof(when), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return "build " + p.identity + " (" + p.cookieMethod + ", loaded " + when + "), " +
+         (p.thisBuild ? "this build's: reused without loading"
+                      : "another build's: this build loads and pins its own on its next pod command");
 }
 
 std::string describeAgentKube(const agent::Health& h) {
@@ -428,6 +442,14 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
       else
         local["error"] = bpffs->localNote;
       j["bpffs"] = local;
+      const PinnedProgramsInfo& pp = bpffs->programs;
+      j["programs"] = {{"identity", pp.identity.empty() ? nlohmann::json(nullptr) : nlohmann::json(pp.identity)},
+                       {"pod_cookie", pp.cookieMethod},
+                       {"loaded_at_ns", pp.loadedAtNs},
+                       {"this_build", pp.thisBuild},
+                       {"program_ids", pp.programIds},
+                       {"problem", pp.problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(pp.problem)},
+                       {"describe", describePrograms(pp)}};
       j["agent"] = nullptr;
       if (bpffs->agent)
         j["agent"] = {{"socket", bpffs->socket},
@@ -455,6 +477,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
   if (bpffs) {
     o << "bpffs              " << bpffs->root << ": "
       << (bpffs->local ? describeMount(*bpffs->local) : bpffs->localNote) << "\n";
+    o << "programs           " << describePrograms(bpffs->programs) << "\n";
     o << "agent              "
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
     if (bpffs->agent) o << "kubernetes         " << describeAgentKube(*bpffs->agent) << "\n";

@@ -63,6 +63,7 @@ struct BpffsReport {
   std::string localNote;            ///< why local is missing
   std::string socket;
   std::optional<agent::Health> agent;  ///< nullopt: no agent answers
+  PinnedProgramsInfo programs;         ///< the programs pinned under root
 };
 
 /// Fills BpffsReport for cmd's --bpffs (this process's view) and the

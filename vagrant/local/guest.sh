@@ -32,6 +32,10 @@ mkdir -p /lib/modules && mount --bind "$SLUICE_MODULES" /lib/modules
 ip link set lo up
 echo "sluice-vm: $(uname -r), userspace after $(cat "$OUT/boot-seconds")s"
 "$SLUICE_BUILD/sluicectl" status
+# Under emulation everything runs many times slower than on hardware: the
+# tests' bounds on what must happen eventually (agent start, watch, hand-off)
+# are stretched, never their checks (test/common scaledBound).
+if [ "$(cat "$OUT/accel" 2>/dev/null)" = tcg ]; then export SLUICE_TEST_TIME_SCALE=4; fi
 start=$(date +%s)
 if [ -f "$OUT/shell.sh" ]; then
   bash "$OUT/shell.sh"
