@@ -322,9 +322,20 @@ TEST_P(HandOff, AgentAndNodeProxyRestartsLoseNothing) {
                e.proxy.detail + "\n";
     return out.empty() ? std::string("  (no relay failed at the node proxy)\n") : out;
   };
+  // The data plane's side: dropped_pkts counts a packet of a captured flow
+  // that found no proxy socket (answered with a reset to the app).
+  auto podCounters = [&] {
+    std::string out;
+    auto st = client().stats(std::nullopt);
+    if (!st.ok()) return "  stats: " + st.error().message + "\n";
+    for (const auto& c : *st)
+      out += "  " + c.id + ": outbound_conns " + std::to_string(c.stats.outbound_conns) + ", owned_pkts " +
+             std::to_string(c.stats.owned_pkts) + ", dropped_pkts " + std::to_string(c.stats.dropped_pkts) + "\n";
+    return out;
+  };
   EXPECT_TRUE(failures[0].empty()) << failures[0].size() << " failed, first: " << failures[0].front()
-                                   << "\nnode proxy's relays not ok:\n" << whatTheProxySaw() << "restarted agent's log:\n"
-                                   << agent_->log();
+                                   << "\nnode proxy's relays not ok:\n" << whatTheProxySaw() << "pods' counters:\n"
+                                   << podCounters() << "restarted agent's log:\n" << agent_->log();
   EXPECT_GE(ok[0].load(), 6u);
   if (kernelAssignsReuseport()) {
     // New connections always find a listener. What the old proxy had
