@@ -285,6 +285,7 @@ TEST_P(HandOff, AgentAndNodeProxyRestartsLoseNothing) {
   EXPECT_EQ(agent_->stop(SIGKILL), 128 + SIGKILL);
   EXPECT_TRUE(first.waitForEvent("disconnected", "", 3s));
   pause();
+  std::vector<NodeProxyEvent> beforeRestart = first.events();
   first.clearEvents();
   startAgent();
   EXPECT_TRUE(first.waitForEvent("snapshot", "", 5s)) << "no snapshot after the agent's restart\n" << agent_->log();
@@ -308,7 +309,33 @@ TEST_P(HandOff, AgentAndNodeProxyRestartsLoseNothing) {
   loop.join();
   std::cout << "connections during the agent's kill and restart: " << ok[0] << " (" << failures[0].size()
             << " failed); during the node proxy's replacement: " << ok[1] << " (" << failures[1].size() << " failed)\n";
-  EXPECT_TRUE(failures[0].empty()) << failures[0].size() << " failed, first: " << failures[0].front();
+  // A failure names what the node proxy saw (a relay whose upstream failed
+  // says why) and what the restarted agent did, so that a rare one explains
+  // itself from the CI log.
+  auto whatTheProxySaw = [&] {
+    std::string out;
+    std::vector<NodeProxyEvent> all = beforeRestart;
+    for (auto& e : first.events()) all.push_back(std::move(e));
+    for (const auto& e : all)
+      if (e.type == "connection" && e.proxy.detail.rfind("upstream ok", 0) != 0)
+        out += "  " + e.uid + " " + e.proxy.listener + " " + e.proxy.peer + " -> " + e.proxy.origDst + ": " +
+               e.proxy.detail + "\n";
+    return out.empty() ? std::string("  (no relay failed at the node proxy)\n") : out;
+  };
+  // The data plane's side: dropped_pkts counts a packet of a captured flow
+  // that found no proxy socket (answered with a reset to the app).
+  auto podCounters = [&] {
+    std::string out;
+    auto st = client().stats(std::nullopt);
+    if (!st.ok()) return "  stats: " + st.error().message + "\n";
+    for (const auto& c : *st)
+      out += "  " + c.id + ": outbound_conns " + std::to_string(c.stats.outbound_conns) + ", owned_pkts " +
+             std::to_string(c.stats.owned_pkts) + ", dropped_pkts " + std::to_string(c.stats.dropped_pkts) + "\n";
+    return out;
+  };
+  EXPECT_TRUE(failures[0].empty()) << failures[0].size() << " failed, first: " << failures[0].front()
+                                   << "\nnode proxy's relays not ok:\n" << whatTheProxySaw() << "pods' counters:\n"
+                                   << podCounters() << "restarted agent's log:\n" << agent_->log();
   EXPECT_GE(ok[0].load(), 6u);
   if (kernelAssignsReuseport()) {
     // New connections always find a listener. What the old proxy had

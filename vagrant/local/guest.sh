@@ -35,7 +35,12 @@ echo "sluice-vm: $(uname -r), userspace after $(cat "$OUT/boot-seconds")s"
 # Under emulation everything runs many times slower than on hardware: the
 # tests' bounds on what must happen eventually (agent start, watch, hand-off)
 # are stretched, never their checks (test/common scaledBound).
-if [ "$(cat "$OUT/accel" 2>/dev/null)" = tcg ]; then export SLUICE_TEST_TIME_SCALE=4; fi
+# The agent's load test hammers for 20 s there instead of 60 (its 60 s runs
+# on 6.1 are in the notes; CI's whole run must stay under 45 minutes).
+if [ "$(cat "$OUT/accel" 2>/dev/null)" = tcg ]; then
+  export SLUICE_TEST_TIME_SCALE=4
+  export SLUICE_LOAD_SECONDS="${SLUICE_LOAD_SECONDS:-20}"
+fi
 start=$(date +%s)
 if [ -f "$OUT/shell.sh" ]; then
   bash "$OUT/shell.sh"
