@@ -14,9 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <iostream>
 #include <string>
 #include <vector>
 
+#include "loader/features.h"
 #include "test/common/topology.h"
 
 namespace sluice::test {
@@ -154,6 +156,35 @@ TEST_P(SluicectlMode, RemoveByNetns) {
 
 INSTANTIATE_TEST_SUITE_P(All, SluicectlMode, ::testing::Values("auto", "legacy"),
                          [](const auto& info) { return info.param; });
+
+// The SO_REUSEPORT warning is printed where captured connections would
+// really be lost: a pod captured at TC on a kernel whose bpf_sk_assign
+// cannot pick a reuseport listener (before 6.6) — never for a pod captured
+// at the socket (sk_lookup honours reuseport groups on every kernel of
+// that mode), never on a kernel that can.
+TEST_F(Sluicectl, ReuseportWarningOnlyWhereTheCaptureCannotServeIt) {
+  auto features = kernelFeatures();
+  ASSERT_TRUE(features.ok()) << features.error().message;
+  const std::string warning = "cannot hand packets to SO_REUSEPORT sockets";
+  PodTopology tc, socket;
+  ASSERT_TRUE(tc.ok()) << tc.error();
+  ASSERT_TRUE(socket.ok()) << socket.error();
+  auto addTc = ctl(bpffs_.root(), {"--capture", "tc", "pod", "add", "--netns", tc.pod().path()});
+  ASSERT_EQ(addTc.exitCode, 0) << addTc.describe();
+  if (features->reuseportAssign.present)
+    EXPECT_EQ(addTc.err.find(warning), std::string::npos) << "kernel " << features->release << " can: " << addTc.err;
+  else
+    EXPECT_NE(addTc.err.find(warning), std::string::npos) << "kernel " << features->release << " cannot: " << addTc.err;
+  if (std::string why = socketUnavailableReason(*features); !why.empty()) {
+    std::cout << "socket capture not checked: " << why << "\n";
+  } else {
+    auto addSocket = ctl(bpffs_.root(), {"--capture", "socket", "pod", "add", "--netns", socket.pod().path()});
+    ASSERT_EQ(addSocket.exitCode, 0) << addSocket.describe();
+    EXPECT_EQ(addSocket.err.find(warning), std::string::npos) << addSocket.err;
+    EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", socket.pod().name()}).exitCode, 0);
+  }
+  EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", tc.pod().name()}).exitCode, 0);
+}
 
 TEST_F(Sluicectl, NonexistentNetnsFailsWithOneLineNamingIt) {
   std::string missing = "/run/netns/sluice-missing-cli-" + std::to_string(::getpid());
