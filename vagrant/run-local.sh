@@ -190,6 +190,11 @@ else
 fi
 elapsed=$(($(date +%s) - start))
 if [ "$status" -eq 124 ]; then
+  # What sharded suites had printed so far (guest.sh prints a shard's
+  # output only when it ends).
+  for f in "$work"/out/*-[0-9].log; do
+    [ -f "$f" ] && { echo "run-local.sh: ${f##*/} so far:"; cat "$f"; }
+  done
   echo "run-local.sh: the VM did not finish within ${TIMEOUT}s" >&2
   exit 124
 fi

@@ -842,8 +842,16 @@ class Relay final : public Session {
   }
 
   void pumpAll() {
-    if (!pump(client_.get(), upstream_.get(), toUpstream_) ||
-        !pump(upstream_.get(), client_.get(), toClient_)) {
+    const char* side = nullptr;
+    if (!pump(client_.get(), upstream_.get(), toUpstream_))
+      side = "app -> upstream";
+    else if (!pump(upstream_.get(), client_.get(), toClient_))
+      side = "upstream -> app";
+    if (side) {
+      // Logged, not recorded as an event (tests count one event per
+      // relay): a reset passed on to the app says where it came from.
+      spdlog::info("standin: {} relay {} -> {} reset: relaying {} failed ({})", event_.listener, event_.peer,
+                   event_.origDst, side, std::strerror(errno));
       return abort();
     }
     if (toUpstream_.shut && toClient_.shut) return close();
