@@ -185,6 +185,7 @@ Status CaseEnv::attachXdp() {
   bpf_program* prog = frags ? skel->progs.xdp_pass_frags : skel->progs.xdp_pass;
   bpf_program__set_autoload(frags ? skel->progs.xdp_pass : skel->progs.xdp_pass_frags, false);
   if (int err = xdp_pass__load(skel); err != 0) return Error::fromErrno(-err, "XDP: load the BPF object");
+  xdpProgFd_ = bpf_program__fd(prog);
   struct End {
     int netnsFd;
     const char* dev;
@@ -324,6 +325,16 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     std::string peerIp;  // "" = not checked
     std::string redirectedTo;  // iptables: the address REDIRECT gives
   };
+  // +xdp: the program must really run on the packets that cross the veth
+  // (the inbound connection's, both directions). Run-time statistics are on
+  // for the probe only, so the measurements do not pay for them.
+  std::optional<BpfStatsOn> xdpStats;
+  ProgRun xdpBefore;
+  if (xdpProgFd_ >= 0) {
+    xdpStats.emplace();
+    if (!xdpStats->ok()) fails.push_back("XDP run count: " + xdpStats->error());
+    xdpBefore = progRun(xdpProgFd_);
+  }
   std::vector<Conn> conns = {
       {"outbound", &topo_->pod(), outboundDst()(7), floor ? "" : "10.200.0.2", "127.0.0.1:15001"},
       {"inbound", &topo_->node(), inboundDst()(9), "10.200.0.1", "10.200.0.2:15006"},
@@ -374,6 +385,12 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     if (floor && seen->local != want) fails.push_back(how + ": floor connection did not reach the proxy port directly");
   }
   sink_->setRecording(false);
+  if (xdpStats && xdpStats->ok()) {
+    uint64_t runs = (progRun(xdpProgFd_) - xdpBefore).cnt;
+    notes.push_back("XDP program runs during the connection probes: " + std::to_string(runs));
+    if (runs == 0) fails.push_back("XDP: the program did not run on the inbound probe's packets");
+    xdpStats.reset();
+  }
 
   // DNS through the UDP capture, from a connected socket.
   if (!caseRuns(kind_, "dns")) return fails;

@@ -167,6 +167,7 @@ class CaseEnv {
   Fd lookup_;  ///< sluice-socket: the pod's sk_lookup program
   std::shared_ptr<::xdp_pass> xdp_;
   std::vector<Fd> xdpLinks_;  ///< +xdp: bpf_links on eth0 and vethpod (closing detaches)
+  int xdpProgFd_ = -1;  ///< +xdp: the attached program (owned by xdp_)
   std::string xdpNote_;
 };
 
