@@ -1,10 +1,17 @@
 #include "test/bench/cases.h"
 
 #include <arpa/inet.h>
+#include <linux/ethtool.h>
+#include <linux/if_link.h>
+#include <linux/sockios.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
 
 #include "loader/netns.h"
 #include "loader/tc.h"
 #include "minimal_tc.skel.h"
+#include "xdp_pass.skel.h"
 #include "test/bench/bpfstats.h"
 
 namespace sluice::bench {
@@ -17,6 +24,23 @@ constexpr const char* kResolver = "10.96.0.10";
 
 std::string ipOf(const std::string& addrPort) { return addrPort.substr(0, addrPort.rfind(':')); }
 
+/// "TSO on, GSO on, GRO off" for @p dev in the calling thread's namespace
+/// (the legacy ethtool ioctls): what attaching XDP changed on a veth end.
+std::string offloads(const char* dev) {
+  Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  std::string out;
+  for (auto [cmd, name] : {std::pair{ETHTOOL_GTSO, "TSO"}, std::pair{ETHTOOL_GGSO, "GSO"}, std::pair{ETHTOOL_GGRO, "GRO"}}) {
+    ethtool_value v{};
+    v.cmd = cmd;
+    ifreq ifr{};
+    std::snprintf(ifr.ifr_name, sizeof(ifr.ifr_name), "%s", dev);
+    ifr.ifr_data = reinterpret_cast<char*>(&v);
+    out += std::string(out.empty() ? "" : ", ") + name + " " +
+           (!s.valid() || ::ioctl(s.get(), SIOCETHTOOL, &ifr) != 0 ? "?" : v.data ? "on" : "off");
+  }
+  return out;
+}
+
 }  // namespace
 
 const char* caseName(CaseKind k) {
@@ -28,8 +52,38 @@ const char* caseName(CaseKind k) {
     case CaseKind::SluiceLegacy: return "sluice-legacy";
     case CaseKind::TcMinimal: return "tc-minimal";
     case CaseKind::SluiceSocket: return "sluice-socket";
+    case CaseKind::FloorXdp: return "floor+xdp";
+    case CaseKind::FloorXdpFrags: return "floor+xdp-frags";
+    case CaseKind::SluiceTcxXdp: return "sluice-tcx+xdp";
+    case CaseKind::SluiceTcxXdpFrags: return "sluice-tcx+xdp-frags";
+    case CaseKind::SluiceSocketXdp: return "sluice-socket+xdp";
+    case CaseKind::SluiceSocketXdpFrags: return "sluice-socket+xdp-frags";
   }
   return "?";
+}
+
+XdpVariant xdpVariant(CaseKind k) {
+  switch (k) {
+    case CaseKind::FloorXdp:
+    case CaseKind::SluiceTcxXdp:
+    case CaseKind::SluiceSocketXdp: return XdpVariant::Pass;
+    case CaseKind::FloorXdpFrags:
+    case CaseKind::SluiceTcxXdpFrags:
+    case CaseKind::SluiceSocketXdpFrags: return XdpVariant::PassFrags;
+    default: return XdpVariant::None;
+  }
+}
+
+CaseKind baseCase(CaseKind k) {
+  switch (k) {
+    case CaseKind::FloorXdp:
+    case CaseKind::FloorXdpFrags: return CaseKind::Floor;
+    case CaseKind::SluiceTcxXdp:
+    case CaseKind::SluiceTcxXdpFrags: return CaseKind::SluiceTcx;
+    case CaseKind::SluiceSocketXdp:
+    case CaseKind::SluiceSocketXdpFrags: return CaseKind::SluiceSocket;
+    default: return k;
+  }
 }
 
 namespace {
@@ -44,12 +98,15 @@ bool caseRuns(CaseKind k, const std::string& workload) { return k != CaseKind::T
 std::optional<CaseKind> parseCase(const std::string& s) {
   for (CaseKind k : kAllCases)
     if (s == caseName(k)) return k;
+  for (CaseKind k : kXdpCases)
+    if (s == caseName(k)) return k;
   return std::nullopt;
 }
 
 Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules* rules, int sinkCpu) {
   std::unique_ptr<CaseEnv> env(new CaseEnv(kind));
   const std::string what = std::string(caseName(kind)) + ": ";
+  const CaseKind base = baseCase(kind);
   env->topo_ = std::make_unique<sluice::test::PodTopology>();
   if (!env->topo_->ok()) return Error::msg(what + env->topo_->error());
   auto& topo = *env->topo_;
@@ -68,9 +125,9 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
   sc.cpu = sinkCpu;
   sc.dnsAnswer = kDnsAnswer;
   sc.method = isIptables(kind)                  ? OrigDstMethod::SoOriginalDst
-              : kind == CaseKind::SluiceSocket ? OrigDstMethod::Ztunnel
+              : base == CaseKind::SluiceSocket ? OrigDstMethod::Ztunnel
                                                : OrigDstMethod::GetSockName;
-  if (kind == CaseKind::Floor) {
+  if (base == CaseKind::Floor) {
     sc.outbound = {kAnyIpNet, 15001};
     sc.inbound = {kAnyIpNet, 15006};
   } else {
@@ -82,12 +139,12 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
     if (!rules) return Error::msg(what + "no rule files");
     auto t = applyIstioRules(env->podFd_.get(), kind == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy, *rules);
     if (!t.ok()) return Error::msg(what + t.error().message);
-  } else if (isTproxyStyle(kind) || kind == CaseKind::SluiceSocket) {
+  } else if (isTproxyStyle(kind) || base == CaseKind::SluiceSocket) {
     env->bpffs_ = std::make_unique<sluice::test::TestBpffs>();
     DatapathOptions o;
     o.bpffsRoot = env->bpffs_->root();
-    o.tcMode = kind == CaseKind::SluiceLegacy ? TcMode::Legacy : TcMode::Tcx;
-    o.capture = kind == CaseKind::SluiceSocket ? CaptureMode::Socket : CaptureMode::Tc;
+    o.tcMode = base == CaseKind::SluiceLegacy ? TcMode::Legacy : TcMode::Tcx;
+    o.capture = base == CaseKind::SluiceSocket ? CaptureMode::Socket : CaptureMode::Tc;
     o.cgroupPath = socketHookCgroup();
     auto dp = Datapath::open(o);
     if (!dp.ok()) return Error::msg(what + "Datapath::open: " + dp.error().message);
@@ -107,7 +164,62 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
     Status st = env->swapInMinimal();
     if (!st.ok()) return Error::msg(what + st.error().message);
   }
+  if (xdpVariant(kind) != XdpVariant::None) {
+    Status st = env->attachXdp();
+    if (!st.ok()) return Error::msg(what + st.error().message);
+  }
   return env;
+}
+
+/// Loads xdp_pass.bpf.c and attaches the case's variant to both ends of the
+/// pod's veth: eth0 (what the node sends the pod) and vethpod (what the pod
+/// sends the node). Native (driver) mode is demanded, so the attach fails
+/// rather than falling back to generic XDP, and bpf_xdp_query confirms it.
+/// BPF links, not netlink attachments: closing them (the destructor, or the
+/// process's exit on a crash) detaches the programs.
+Status CaseEnv::attachXdp() {
+  xdp_pass* skel = xdp_pass__open();
+  if (!skel) return Error::fromErrno(errno, "XDP: open the BPF object");
+  xdp_.reset(skel, xdp_pass__destroy);
+  const bool frags = xdpVariant(kind_) == XdpVariant::PassFrags;
+  bpf_program* prog = frags ? skel->progs.xdp_pass_frags : skel->progs.xdp_pass;
+  bpf_program__set_autoload(frags ? skel->progs.xdp_pass : skel->progs.xdp_pass_frags, false);
+  if (int err = xdp_pass__load(skel); err != 0) return Error::fromErrno(-err, "XDP: load the BPF object");
+  xdpProgFd_ = bpf_program__fd(prog);
+  struct End {
+    int netnsFd;
+    const char* dev;
+  };
+  xdpNote_ = std::string("XDP ") + bpf_program__name(prog) + ":";
+  for (End e : {End{podFd_.get(), "eth0"}, End{nodeFd_.get(), "vethpod"}}) {
+    // The ifindex is resolved in the calling thread's namespace.
+    Status st = runInNetns(e.netnsFd, [&]() -> Status {
+      unsigned ifindex = if_nametoindex(e.dev);
+      if (ifindex == 0) return Error::fromErrno(errno, std::string("XDP: ") + e.dev);
+      LIBBPF_OPTS(bpf_link_create_opts, lo);
+      lo.flags = XDP_FLAGS_DRV_MODE;
+      Fd link(bpf_link_create(bpf_program__fd(prog), static_cast<int>(ifindex), BPF_XDP, &lo));
+      if (!link.valid()) return Error::fromErrno(errno, std::string("XDP: attach in driver mode to ") + e.dev);
+      LIBBPF_OPTS(bpf_xdp_query_opts, q);
+      if (bpf_xdp_query(static_cast<int>(ifindex), 0, &q) != 0)
+        return Error::fromErrno(errno, std::string("XDP: query ") + e.dev);
+      if (q.attach_mode != XDP_ATTACHED_DRV)
+        return Error::msg(std::string("XDP: ") + e.dev + " is not in driver mode (attach_mode " +
+                          std::to_string(q.attach_mode) + ")");
+      xdpLinks_.push_back(std::move(link));
+      xdpNote_ += std::string(" ") + e.dev + " native;";
+      return {};
+    });
+    SLUICE_TRY(st);
+  }
+  // After both attachments: each end's program changes its peer's features.
+  xdpNote_ += " then";
+  for (End e : {End{podFd_.get(), "eth0"}, End{nodeFd_.get(), "vethpod"}})
+    SLUICE_TRY(runInNetns(e.netnsFd, [&]() -> Status {
+      xdpNote_ += std::string(" ") + e.dev + " (" + offloads(e.dev) + ")";
+      return {};
+    }));
+  return {};
 }
 
 /// Loads minimal_tc.bpf.c, hands it the sink's listeners and swaps it into
@@ -144,6 +256,7 @@ CaseEnv::~CaseEnv() {
   sink_.reset();
   if (dp_ && enrolled_) (void)dp_->removePod(podId_);
   dp_.reset();
+  xdpLinks_.clear();
   podFd_.reset();
   nodeFd_.reset();
   topo_.reset();
@@ -151,17 +264,17 @@ CaseEnv::~CaseEnv() {
 }
 
 DstFn CaseEnv::outboundDst() const {
-  if (kind_ == CaseKind::Floor) return [](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), 15001); };
+  if (baseCase(kind_) == CaseKind::Floor) return [](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), 15001); };
   return [](int k) { return v4(kServiceNet | static_cast<uint32_t>(k), 80); };
 }
 
 DstFn CaseEnv::inboundDst() const {
-  uint16_t port = kind_ == CaseKind::Floor ? 15006 : 8080;
+  uint16_t port = baseCase(kind_) == CaseKind::Floor ? 15006 : 8080;
   return [port](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), port); };
 }
 
 sockaddr_in CaseEnv::resolver() const {
-  return kind_ == CaseKind::Floor ? v4("127.0.0.1", 15053) : v4(kResolver, 53);
+  return baseCase(kind_) == CaseKind::Floor ? v4("127.0.0.1", 15053) : v4(kResolver, 53);
 }
 
 std::vector<CaseProgram> CaseEnv::programs() {
@@ -171,7 +284,7 @@ std::vector<CaseProgram> CaseEnv::programs() {
             {kEmptyProgramName, empty_.get()}};
   if (!dp_) return {};
   PodPrograms& p = dp_->programs();
-  if (kind_ == CaseKind::SluiceSocket) {
+  if (baseCase(kind_) == CaseKind::SluiceSocket) {
     const SocketPrograms& s = p.socketPrograms();
     // The pod's own sk_lookup program: its run time includes the shared
     // program it tail-calls.
@@ -199,7 +312,8 @@ sluice_pod_stats CaseEnv::podStats() {
 std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
   using sluice::test::Endpoint;
   std::vector<std::string> fails;
-  const bool floor = kind_ == CaseKind::Floor;
+  const bool floor = baseCase(kind_) == CaseKind::Floor;
+  if (!xdpNote_.empty()) notes.push_back(xdpNote_);
   sluice_pod_stats before = podStats();
   sink_->setRecording(true);
   sink_->setMode(SinkMode::Echo);
@@ -211,6 +325,16 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     std::string peerIp;  // "" = not checked
     std::string redirectedTo;  // iptables: the address REDIRECT gives
   };
+  // +xdp: the program must really run on the packets that cross the veth
+  // (the inbound connection's, both directions). Run-time statistics are on
+  // for the probe only, so the measurements do not pay for them.
+  std::optional<BpfStatsOn> xdpStats;
+  ProgRun xdpBefore;
+  if (xdpProgFd_ >= 0) {
+    xdpStats.emplace();
+    if (!xdpStats->ok()) fails.push_back("XDP run count: " + xdpStats->error());
+    xdpBefore = progRun(xdpProgFd_);
+  }
   std::vector<Conn> conns = {
       {"outbound", &topo_->pod(), outboundDst()(7), floor ? "" : "10.200.0.2", "127.0.0.1:15001"},
       {"inbound", &topo_->node(), inboundDst()(9), "10.200.0.1", "10.200.0.2:15006"},
@@ -248,7 +372,7 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
       fails.push_back(how + ": expected REDIRECT to " + c.redirectedTo + " with SO_ORIGINAL_DST " + want);
     if (isTproxyStyle(kind_) && (seen->local != want || !seen->soOriginalDst.empty()))
       fails.push_back(how + ": expected TPROXY-style delivery (local address " + want + ", no conntrack NAT)");
-    if (kind_ == CaseKind::SluiceSocket) {
+    if (baseCase(kind_) == CaseKind::SluiceSocket) {
       // Outbound: connect() was sent to the proxy at the pod's address and
       // SO_ORIGINAL_DST answers; inbound: the socket lookup handed the
       // connection over with its addresses (no NAT, no SO_ORIGINAL_DST).
@@ -261,6 +385,12 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     if (floor && seen->local != want) fails.push_back(how + ": floor connection did not reach the proxy port directly");
   }
   sink_->setRecording(false);
+  if (xdpStats && xdpStats->ok()) {
+    uint64_t runs = (progRun(xdpProgFd_) - xdpBefore).cnt;
+    notes.push_back("XDP program runs during the connection probes: " + std::to_string(runs));
+    if (runs == 0) fails.push_back("XDP: the program did not run on the inbound probe's packets");
+    xdpStats.reset();
+  }
 
   // DNS through the UDP capture, from a connected socket.
   if (!caseRuns(kind_, "dns")) return fails;

@@ -19,6 +19,12 @@
 //   tc-minimal       sluice-tcx's enrollment with       same (no DNS)            getsockname
 //                    minimal_tc.bpf.c's programs swapped
 //                    into its links: the mechanism alone
+//   X+xdp            case X (floor, sluice-tcx,         as X                     as X
+//                    sluice-socket) with xdp_pass.bpf.c's
+//                    XDP_PASS attached in native mode to
+//                    both ends of the veth (eth0, vethpod)
+//   X+xdp-frags      the same with the frags-aware
+//                    program (BPF_F_XDP_HAS_FRAGS)
 //
 // Outbound clients run in the pod, inbound ones in the node; DNS clients in
 // the pod query 10.96.0.10:53 (floor: 127.0.0.1:15053 directly).
@@ -37,21 +43,52 @@
 #include "test/common/topology.h"
 
 struct minimal_tc;  // minimal_tc.skel.h (tc-minimal's programs)
+struct xdp_pass;    // xdp_pass.skel.h (the +xdp cases' programs)
 
 namespace sluice::bench {
 
-enum class CaseKind { Floor, Iptables, IptablesLegacy, SluiceTcx, SluiceLegacy, TcMinimal, SluiceSocket };
+enum class CaseKind {
+  Floor,
+  Iptables,
+  IptablesLegacy,
+  SluiceTcx,
+  SluiceLegacy,
+  TcMinimal,
+  SluiceSocket,
+  // A case above with an XDP program on the pod's veth (issue 16, item 5).
+  FloorXdp,
+  FloorXdpFrags,
+  SluiceTcxXdp,
+  SluiceTcxXdpFrags,
+  SluiceSocketXdp,
+  SluiceSocketXdpFrags,
+};
+/// The cases a run has by default.
 inline constexpr CaseKind kAllCases[] = {CaseKind::Floor,        CaseKind::Iptables,  CaseKind::IptablesLegacy,
                                          CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy,
                                          CaseKind::TcMinimal};
+/// The XDP variants, run only when --cases names them.
+inline constexpr CaseKind kXdpCases[] = {CaseKind::FloorXdp,          CaseKind::FloorXdpFrags,
+                                         CaseKind::SluiceTcxXdp,      CaseKind::SluiceTcxXdpFrags,
+                                         CaseKind::SluiceSocketXdp,   CaseKind::SluiceSocketXdpFrags};
+
+/// Which XDP program a case attaches to both ends of the pod's veth.
+enum class XdpVariant { None, Pass, PassFrags };
+XdpVariant xdpVariant(CaseKind k);
+/// The case without its XDP program (itself for the others).
+CaseKind baseCase(CaseKind k);
 
 const char* caseName(CaseKind k);
 std::optional<CaseKind> parseCase(const std::string& s);
 inline bool isSluice(CaseKind k) {
+  k = baseCase(k);
   return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy || k == CaseKind::SluiceSocket;
 }
 /// sluice captured at TC (its programs run per packet).
-inline bool isSluiceTc(CaseKind k) { return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy; }
+inline bool isSluiceTc(CaseKind k) {
+  k = baseCase(k);
+  return k == CaseKind::SluiceTcx || k == CaseKind::SluiceLegacy;
+}
 inline bool isIptables(CaseKind k) { return k == CaseKind::Iptables || k == CaseKind::IptablesLegacy; }
 /// Cases whose sink sees the original destination as its local address.
 inline bool isTproxyStyle(CaseKind k) { return isSluiceTc(k) || k == CaseKind::TcMinimal; }
@@ -103,6 +140,9 @@ class CaseEnv {
   /// The BPF programs on the pod's hooks (none for floor and iptables).
   std::vector<CaseProgram> programs();
 
+  /// The +xdp cases: what is attached where, in which mode ("" otherwise).
+  const std::string& xdpNote() const { return xdpNote_; }
+
   /// One outbound and one inbound connection and one DNS query, each checked
   /// in detail (original destination, how the sink got it, who the peer
   /// is, sluice's counters), plus controls for the floor. Returns the
@@ -112,6 +152,7 @@ class CaseEnv {
  private:
   explicit CaseEnv(CaseKind k) : kind_(k) {}
   Status swapInMinimal();
+  Status attachXdp();
 
   CaseKind kind_;
   std::unique_ptr<sluice::test::TestBpffs> bpffs_;
@@ -124,6 +165,10 @@ class CaseEnv {
   std::shared_ptr<::minimal_tc> minimal_;
   Fd empty_;
   Fd lookup_;  ///< sluice-socket: the pod's sk_lookup program
+  std::shared_ptr<::xdp_pass> xdp_;
+  std::vector<Fd> xdpLinks_;  ///< +xdp: bpf_links on eth0 and vethpod (closing detaches)
+  int xdpProgFd_ = -1;  ///< +xdp: the attached program (owned by xdp_)
+  std::string xdpNote_;
 };
 
 }  // namespace sluice::bench

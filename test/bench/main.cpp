@@ -9,6 +9,7 @@
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <ctime>
@@ -58,6 +59,11 @@ iptables-legacy, sluice-tcx, sluice-legacy (clsact) and tc-minimal (sluice-tcx's
 attachments running the least a TC redirect must do: the mechanism's cost,
 no DNS). Needs root.
 
+On request (--cases), the XDP variants floor+xdp, sluice-tcx+xdp,
+sluice-socket+xdp (an XDP_PASS program in native mode on both ends of the
+pod's veth) and their +xdp-frags twins (the same program, frags-aware):
+each figure is printed beside its case without XDP.
+
   --quick               smoke test (< 1 min): 1 short round, few pods; fails only
                         when a case did not really redirect
   --rounds N            interleaved rounds, the median is reported (10)
@@ -72,7 +78,7 @@ no DNS). Needs root.
   --cli-pods N          pods added/removed with the sluicectl process (20)
   --bpf-duration S      seconds per workload with BPF run-time stats on (1)
   --micro-runs N        BPF_PROG_TEST_RUN runs per packet kind (5000)
-  --cases LIST          comma-separated subset of the cases
+  --cases LIST          comma-separated subset of the cases (and XDP variants)
   --workloads LIST      subset of conn_out,conn_in,rr_out,rr_in,bulk_out,bulk_in,dns
   --phases LIST         subset of traffic,bpf,enroll,scale,kube
   --rules-dir DIR       Istio's rule files (<source>/test/bench/istio)
@@ -455,7 +461,7 @@ void bpfPhase(Results& res, const IstioRules* rules) {
   const Config& c = res.cfg;
   std::vector<CaseKind> kinds;
   for (CaseKind k : c.cases)
-    if (isTproxyStyle(k) || k == CaseKind::SluiceSocket) kinds.push_back(k);
+    if ((isTproxyStyle(k) || k == CaseKind::SluiceSocket) && xdpVariant(k) == XdpVariant::None) kinds.push_back(k);
   if (kinds.empty()) return;
   res.bpfStatsBefore = bpfStatsSysctl();
   auto envs = buildEnvs(kinds, rules, res, false, false);
@@ -527,7 +533,8 @@ int main(int argc, char** argv) {
   // then see only its sockets (no other process pays for them, and their
   // BPF statistics count only the bench's traffic).
   std::optional<sluice::test::CgroupScope> scope;
-  if (res.cfg.hasCase(CaseKind::SluiceSocket)) {
+  if (std::any_of(res.cfg.cases.begin(), res.cfg.cases.end(),
+                  [](CaseKind k) { return baseCase(k) == CaseKind::SluiceSocket; })) {
     scope.emplace("bench");
     if (!scope->ok()) {
       std::cerr << "sluice-bench: a cgroup of its own for the socket mode's hooks: " << scope->error() << "\n";
@@ -581,7 +588,11 @@ int main(int argc, char** argv) {
   }
   if (c.hasPhase("enroll") && !gStop) {
     std::cerr << "enroll/remove: " << c.enrollPods << " pods per path\n";
-    res.enroll = runEnrollBench(c.enrollPods, c.cases, rp);
+    // The XDP variants enroll exactly as their cases do.
+    std::vector<CaseKind> noXdp;
+    for (CaseKind k : c.cases)
+      if (xdpVariant(k) == XdpVariant::None) noXdp.push_back(k);
+    res.enroll = runEnrollBench(c.enrollPods, noXdp, rp);
     settle("enroll");
     if (c.cliPods > 0 && c.hasCase(CaseKind::SluiceTcx) && !gStop) {
       std::cerr << "sluicectl: " << c.cliPods << " pods\n";

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <functional>
 #include <iomanip>
@@ -26,6 +27,12 @@ const char* shortName(CaseKind k) {
     case CaseKind::SluiceLegacy: return "legacy";
     case CaseKind::TcMinimal: return "minimal";
     case CaseKind::SluiceSocket: return "socket";
+    case CaseKind::FloorXdp: return "floor+xdp";
+    case CaseKind::FloorXdpFrags: return "floor+xdpf";
+    case CaseKind::SluiceTcxXdp: return "tcx+xdp";
+    case CaseKind::SluiceTcxXdpFrags: return "tcx+xdpf";
+    case CaseKind::SluiceSocketXdp: return "socket+xdp";
+    case CaseKind::SluiceSocketXdpFrags: return "socket+xdpf";
   }
   return "?";
 }
@@ -39,6 +46,12 @@ const char* color(CaseKind k) {
     case CaseKind::SluiceLegacy: return "#9ecae1";
     case CaseKind::TcMinimal: return "#2ca02c";
     case CaseKind::SluiceSocket: return "#9467bd";
+    case CaseKind::FloorXdp:
+    case CaseKind::FloorXdpFrags: return "#c7c7c7";
+    case CaseKind::SluiceTcxXdp:
+    case CaseKind::SluiceTcxXdpFrags: return "#17becf";
+    case CaseKind::SluiceSocketXdp:
+    case CaseKind::SluiceSocketXdpFrags: return "#c5b0d5";
   }
   return "#000";
 }
@@ -373,7 +386,7 @@ void printReport(const Results& r, std::ostream& out) {
     auto it = r.checks.find(k);
     if (it == r.checks.end()) continue;
     const auto& ck = it->second;
-    out << "  " << pad(caseName(k), 16, false) << (ck.failures.empty() ? "ok" : "FAILED") << " ("
+    out << "  " << pad(caseName(k), 24, false) << (ck.failures.empty() ? "ok" : "FAILED") << " ("
         << ck.measurements << " measurements passed)\n";
     for (const auto& n : ck.notes) out << "      " << n << "\n";
     for (const auto& f : ck.failures) out << "    ! " << f << "\n";
@@ -390,8 +403,12 @@ void printReport(const Results& r, std::ostream& out) {
     std::vector<CaseKind> cols;
     for (CaseKind k : kAllCases)
       if (c.hasCase(k)) cols.push_back(k);
+    for (CaseKind k : kXdpCases)
+      if (c.hasCase(k)) cols.push_back(k);
     out << pad("metric", 32, false) << pad("unit", 8, false);
-    for (CaseKind k : cols) out << pad(caseName(k), 16);
+    // Wide enough for "sluice-socket+xdp-frags" and a space.
+    auto colWidth = [](CaseKind k) { return std::max<size_t>(16, std::strlen(caseName(k)) + 2); };
+    for (CaseKind k : cols) out << pad(caseName(k), colWidth(k));
     std::vector<std::pair<CaseKind, CaseKind>> ratios;
     for (CaseKind s : {CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy})
       for (CaseKind b : {CaseKind::Iptables, CaseKind::Floor})
@@ -403,12 +420,28 @@ void printReport(const Results& r, std::ostream& out) {
       for (CaseKind k : cols) {
         auto it = m.rounds.find(k);
         bool failed = it != m.rounds.end() && std::any_of(it->second.begin(), it->second.end(), [](double v) { return std::isnan(v); });
-        out << pad(failed ? "FAIL" : fmtNum(m.median(k)), 16);
+        out << pad(failed ? "FAIL" : fmtNum(m.median(k)), colWidth(k));
       }
       for (auto [s, b] : ratios) out << pad(ratioText(m.ratio(s, b)), 14);
       out << "\n";
     }
     out << "\n";
+    std::vector<CaseKind> xdp;
+    for (CaseKind k : kXdpCases)
+      if (c.hasCase(k) && c.hasCase(baseCase(k))) xdp.push_back(k);
+    if (!xdp.empty()) {
+      out << "XDP on the pod's veth: each case with an XDP_PASS program in native mode on eth0 and vethpod\n"
+          << "over the same case without (xdpf: the frags-aware program), paired by round\n";
+      out << pad("metric", 32, false);
+      for (CaseKind k : xdp) out << pad(std::string(shortName(k)) + "/" + shortName(baseCase(k)), 20);
+      out << "\n";
+      for (const auto& m : r.metrics) {
+        out << pad(m.label, 32, false);
+        for (CaseKind k : xdp) out << pad(ratioText(m.ratio(k, baseCase(k))), 20);
+        out << "\n";
+      }
+      out << "\n";
+    }
     if (c.hasCase(CaseKind::TcMinimal) && c.hasCase(CaseKind::Floor)) {
       out << "The TC mechanism alone: tc-minimal runs in sluice-tcx's links (same tcx attachments, return-mark\n"
           << "route, sysctls) only the egress -> ingress loop and bpf_sk_assign of a listener held in a SOCKMAP\n";
@@ -654,14 +687,17 @@ std::string toJson(const Results& r) {
       per[caseName(k)] = {{"median", num(m.median(k))}, {"rounds", rounds}};
     }
     json ratios = json::object(), medRatios = json::object();
+    auto addRatio = [&](CaseKind s, CaseKind b) {
+      if (!c.hasCase(s) || !c.hasCase(b)) return;
+      std::string name = std::string(caseName(s)) + "/" + caseName(b);
+      ratios[name] = num(m.ratio(s, b));
+      double x = m.median(s), y = m.median(b);
+      medRatios[name] = num(std::isnan(x) || std::isnan(y) || y == 0 ? NAN : x / y);
+    };
     for (CaseKind s : {CaseKind::SluiceSocket, CaseKind::SluiceTcx, CaseKind::SluiceLegacy})
-      for (CaseKind b : {CaseKind::Iptables, CaseKind::IptablesLegacy, CaseKind::Floor})
-        if (c.hasCase(s) && c.hasCase(b)) {
-          std::string name = std::string(caseName(s)) + "/" + caseName(b);
-          ratios[name] = num(m.ratio(s, b));
-          double x = m.median(s), y = m.median(b);
-          medRatios[name] = num(std::isnan(x) || std::isnan(y) || y == 0 ? NAN : x / y);
-        }
+      for (CaseKind b : {CaseKind::Iptables, CaseKind::IptablesLegacy, CaseKind::Floor}) addRatio(s, b);
+    // Each XDP variant over its case without XDP.
+    for (CaseKind k : kXdpCases) addRatio(k, baseCase(k));
     traffic[m.key] = {{"label", m.label},        {"unit", m.unit},
                       {"higher_is_better", m.higherIsBetter}, {"cases", per},
                       {"ratios_paired", ratios}, {"ratios_of_medians", medRatios}};
