@@ -120,6 +120,7 @@ SLUICE_MODULES='$KDIR/lib/modules'
 SLUICE_SUITES='$SUITES'
 SLUICE_GTEST_FILTER='$GTEST_FILTER'
 SLUICE_CTEST_ARGS='$CTEST_ARGS'
+SLUICE_NETNS_SHARDS='${SLUICE_NETNS_SHARDS:-2}'
 EOF
 if [ -n "$SHELL_CMD" ]; then printf '%s\n' "$SHELL_CMD" >"$work/out/shell.sh"; fi
 cp "$ROOT/vagrant/local/guest.sh" "$work/out/guest.sh"
