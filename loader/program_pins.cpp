@@ -19,7 +19,6 @@ namespace sluice {
 
 namespace {
 
-constexpr int kProgs = kPinnedProgs;
 constexpr const char* kCurrent = "current";
 constexpr const char* kRecord = "record";
 
@@ -39,7 +38,7 @@ struct PinRecord {
   char identity[24];
   char cookieOverride[16];  ///< SLUICE_POD_COOKIE of the load ("" none)
   uint64_t loadedAtNs;      ///< CLOCK_REALTIME
-  uint32_t progIds[kProgs];  ///< 0: not loaded (the socket mode's, refused)
+  uint32_t progIds[kPinnedProgs];  ///< 0: not loaded (the socket mode's, refused)
   uint32_t mapIds[24];       ///< boundMapNames() order: the maps the programs were loaded against
   uint32_t featureBits;
   char release[65];
@@ -222,7 +221,16 @@ const std::vector<const char*>& boundMapNames() {
   return v;
 }
 
-size_t firstSocketMap() { return 13; }
+size_t firstSocketMap() {
+  // Derived from the list, so a map added to the TC part moves it.
+  static const size_t first = [] {
+    const auto& names = boundMapNames();
+    for (size_t i = 0; i < names.size(); i++)
+      if (std::string(names[i]) == SLUICE_PIN_POD_SOCK) return i;
+    return names.size();
+  }();
+  return first;
+}
 
 std::string programsDir(const std::string& root) { return root + "/" + SLUICE_PIN_PROGRAMS_DIR; }
 
@@ -292,7 +300,7 @@ Result<std::optional<ProgramPins>> openProgramPins(const std::string& root, uint
   pins.identity = id;
   pins.socketError = fromFixed(rec->socketError);
   const bool socket = pins.socketError.empty();
-  for (int i = 0; i < kProgs; i++) {
+  for (int i = 0; i < kPinnedProgs; i++) {
     if (i >= kFirstSocketProg && !socket) continue;  // refused by the kernel at the load
     const char* name = pinnedProgName(static_cast<PinnedProg>(i));
     std::string path = dir + "/" + name;
@@ -349,7 +357,7 @@ Status pinPrograms(const std::string& root, const FeatureReport& features, const
   ::clock_gettime(CLOCK_REALTIME, &now);
   rec.loadedAtNs = static_cast<uint64_t>(now.tv_sec) * 1000000000ull + static_cast<uint64_t>(now.tv_nsec);
   copyFixed(rec.socketError, socketError);
-  for (int i = 0; i < kProgs; i++) {
+  for (int i = 0; i < kPinnedProgs; i++) {
     if (progFds[i] < 0) continue;  // the socket mode's, refused
     struct bpf_prog_info info = {};
     __u32 len = sizeof(info);
@@ -380,7 +388,7 @@ Status pinPrograms(const std::string& root, const FeatureReport& features, const
       if (!path.empty()) (void)removeTree(path);
     }
   } undo{tmp};
-  for (int i = 0; i < kProgs; i++) {
+  for (int i = 0; i < kPinnedProgs; i++) {
     if (progFds[i] < 0) continue;
     std::string path = tmp + "/" + pinnedProgName(static_cast<PinnedProg>(i));
     if (bpf_obj_pin(progFds[i], path.c_str()) != 0) return Error::fromErrno(errno, "pin program " + path);
@@ -469,7 +477,7 @@ PinnedProgramsInfo inspectProgramPins(const std::string& root) {
   std::string override = cookieOverride();
   out.thisBuild = buildIdentity(method) == out.identity &&
                   (override.empty() ? rec->cookieOverride[0] == '\0' : override == out.cookieMethod);
-  for (int i = 0; i < kProgs; i++) out.programIds.push_back(rec->progIds[i]);
+  for (int i = 0; i < kPinnedProgs; i++) out.programIds.push_back(rec->progIds[i]);
   return out;
 }
 

@@ -85,12 +85,19 @@ Status PodPrograms::bindSocketMaps(Bind&& bind) {
 }
 
 namespace {
+// A loaded object's map by name; an object without it is not this build's.
+Result<const struct bpf_map*> mapByName(const struct bpf_object* obj, const char* name) {
+  const struct bpf_map* m = bpf_object__find_map_by_name(obj, name);
+  if (!m) return Error::msg(std::string("BPF object has no map '") + name + "'", EINVAL);
+  return m;
+}
+
 // bind() for the maps of a loaded object, by name.
 auto bindFromObject(const struct bpf_object* obj) {
   return [obj](auto& out, const char* name) -> Status {
-    const struct bpf_map* m = bpf_object__find_map_by_name(obj, name);
-    if (!m) return Error::msg(std::string("BPF object has no map '") + name + "'", EINVAL);
-    return bindMap(m, out);
+    auto m = mapByName(obj, name);
+    SLUICE_TRY(m);
+    return bindMap(*m, out);
   };
 }
 }  // namespace
@@ -285,9 +292,9 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, 
       }
       const struct bpf_object* obj = socketMap ? (p->sock_ ? p->sock_->obj : p->sockCompat_->obj)
                                                : (p->skel_ ? p->skel_->obj : p->compat_->obj);
-      const struct bpf_map* m = bpf_object__find_map_by_name(obj, names[i]);
-      if (!m) return Error::msg(std::string("BPF object has no map '") + names[i] + "'", EINVAL);
-      maps.push_back(bpf_map__fd(m));
+      auto m = mapByName(obj, names[i]);
+      SLUICE_TRY(m);
+      maps.push_back(bpf_map__fd(*m));
     }
     SLUICE_TRY(pinPrograms(root, *features, progs, maps, p->socketError_));
     p->identity_ = buildIdentity(p->cookieMethod_);
