@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
-  echo "demo.sh: needs root (network namespaces, BPF); run with sudo" >&2
+  echo "demo.sh: needs root (network namespaces, BPF); run it as root" >&2
   exit 1
 fi
 ./scripts/install-deps.sh

@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "$(id -u)" -ne 0 ]; then
-  echo "test.sh: the bpf and netns tests need root (run with sudo)" >&2
+  echo "test.sh: the bpf and netns tests need root" >&2
   exit 1
 fi
 VM=1
