@@ -286,6 +286,8 @@ Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options)
     SLUICE_TRY((*programs)->settings.update(0, *wanted));
     spdlog::info("replaced settings in {}/{} (no pods enrolled)", options.bpffsRoot, SLUICE_PIN_SETTINGS);
   }
+  if (options.skLookupStubsAhead > 0 && (*programs)->socketLoaded())
+    SLUICE_TRY((*programs)->keepSkLookupStubs(options.skLookupStubsAhead));
   return std::unique_ptr<Datapath>(new Datapath(options, std::move(*programs)));
 }
 

@@ -53,7 +53,15 @@ struct DatapathOptions {
   /// recently used are forgotten beyond it. Tests set it low to put the map
   /// under pressure; every process sharing a bpffs root must agree.
   uint32_t snatEntries = SLUICE_SNAT_ENTRIES;
+  /// Socket mode: the pods' own sk_lookup programs kept loaded ahead by a
+  /// background thread (loader/sk_lookup_stubs.h), so that an enrollment
+  /// does not load one (~0.5 ms). 0: each is loaded at its enrollment (a
+  /// one-shot process). The agent keeps kSkLookupStubsAhead.
+  size_t skLookupStubsAhead = 0;
 };
+
+/// What a long-running process that enrolls pods keeps loaded ahead.
+inline constexpr size_t kSkLookupStubsAhead = 16;
 
 /// An enrollment step outside the data plane, run by Datapath::addPod once
 /// the pod's redirection is in place and before the node side (probe SNAT)

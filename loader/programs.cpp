@@ -303,11 +303,30 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, 
 }
 
 PodPrograms::~PodPrograms() {
+  stubs_.reset();  // its thread stopped first
   if (host_) host_tc__destroy(host_);
   if (sock_) pod_sock__destroy(sock_);
   if (sockCompat_) pod_sock_compat__destroy(sockCompat_);
   if (skel_) pod_tc__destroy(skel_);
   if (compat_) pod_tc_compat__destroy(compat_);
+}
+
+Result<Fd> PodPrograms::skLookupStub(uint64_t netnsCookie) const {
+  if (!socketLoaded_) return Error::msg("socket mode unavailable: " + socketError_, ENOTSUP);
+  if (stubs_) return stubs_->take(netnsCookie);
+  auto stub = loadSkLookupStub(skLookupPod.fd(), skLookupProg.fd());
+  SLUICE_TRY(stub);
+  SLUICE_TRY(nameSkLookupStub(*stub, netnsCookie));
+  return std::move(stub->prog);
+}
+
+Status PodPrograms::keepSkLookupStubs(size_t depth) {
+  if (!socketLoaded_) return Error::msg("socket mode unavailable: " + socketError_, ENOTSUP);
+  if (stubs_ || depth == 0) return {};
+  auto pool = SkLookupStubPool::start(skLookupPod.fd(), skLookupProg.fd(), depth);
+  SLUICE_TRY(pool);
+  stubs_ = std::move(*pool);
+  return {};
 }
 
 int PodPrograms::egressFd() const { return egressFd_; }

@@ -11,6 +11,7 @@
 #include "loader/features.h"
 #include "loader/program_pins.h"
 #include "loader/result.h"
+#include "loader/sk_lookup_stubs.h"
 #include "maps/sluice_maps.h"
 
 struct pod_tc;   // generated skeletons
@@ -82,6 +83,17 @@ class PodPrograms {
   const std::string& socketError() const { return socketError_; }
   const SocketPrograms& socketPrograms() const { return socketProgs_; }
 
+  /// A pod's own sk_lookup program naming @p netnsCookie
+  /// (loader/sk_lookup_stubs.h): one loaded ahead when keepSkLookupStubs
+  /// was called and one is ready, else one loaded now.
+  Result<Fd> skLookupStub(uint64_t netnsCookie) const;
+  /// Keeps @p depth stubs loaded ahead by a background thread, from now on
+  /// (a long-running process that enrolls pods; a one-shot one loads the
+  /// stub it needs). Needs socketLoaded(); calling it again changes nothing.
+  Status keepSkLookupStubs(size_t depth);
+  /// The pool of keepSkLookupStubs (nullptr without one).
+  const SkLookupStubPool* skLookupStubPool() const { return stubs_.get(); }
+
   BpfMap<__u32, sluice_settings> settings;
   BpfMap<__u64, sluice_pod_config> podConfig;
   BpfMap<__u64, sluice_pod_stats> podStats;
@@ -136,6 +148,7 @@ class PodPrograms {
   struct pod_sock_compat* sockCompat_ = nullptr;
   struct host_tc* host_ = nullptr;
   SocketPrograms socketProgs_;  // owned by a socket skeleton or pins_
+  std::unique_ptr<SkLookupStubPool> stubs_;  // its own copies of the two map fds
   bool socketLoaded_ = false;
   std::string socketError_;
 };

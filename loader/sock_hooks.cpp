@@ -67,44 +67,6 @@ Status pinLink(int linkFd, const std::string& pin) {
   return {};
 }
 
-// The program a pod's netns runs: "I am pod COOKIE", then the shared
-// sk_lookup program (slot 0 of sk_lookup_prog). Should that slot be empty
-// the tail call falls through and the packet is dropped: fail closed.
-Result<Fd> loadPodStub(const PodPrograms& p, uint64_t cookie) {
-  const int scratch = p.skLookupPod.fd(), progs = p.skLookupProg.fd();
-  auto ldMap = [](int reg, int fd) {
-    return std::pair<bpf_insn, bpf_insn>{
-        {.code = BPF_LD | BPF_DW | BPF_IMM, .dst_reg = static_cast<__u8>(reg), .src_reg = BPF_PSEUDO_MAP_FD, .off = 0, .imm = fd},
-        {.code = 0, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0}};
-  };
-  auto scratchLd = ldMap(BPF_REG_1, scratch), progsLd = ldMap(BPF_REG_2, progs);
-  const bpf_insn insns[] = {
-      {.code = BPF_ALU64 | BPF_MOV | BPF_X, .dst_reg = BPF_REG_6, .src_reg = BPF_REG_1, .off = 0, .imm = 0},
-      {.code = BPF_ST | BPF_MEM | BPF_W, .dst_reg = BPF_REG_10, .src_reg = 0, .off = -4, .imm = 0},
-      scratchLd.first,
-      scratchLd.second,
-      {.code = BPF_ALU64 | BPF_MOV | BPF_X, .dst_reg = BPF_REG_2, .src_reg = BPF_REG_10, .off = 0, .imm = 0},
-      {.code = BPF_ALU64 | BPF_ADD | BPF_K, .dst_reg = BPF_REG_2, .src_reg = 0, .off = 0, .imm = -4},
-      {.code = BPF_JMP | BPF_CALL, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = BPF_FUNC_map_lookup_elem},
-      {.code = BPF_JMP | BPF_JEQ | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 8, .imm = 0},
-      {.code = BPF_LD | BPF_DW | BPF_IMM, .dst_reg = BPF_REG_1, .src_reg = 0, .off = 0, .imm = static_cast<__s32>(cookie & 0xffffffffu)},
-      {.code = 0, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = static_cast<__s32>(cookie >> 32)},
-      {.code = BPF_STX | BPF_MEM | BPF_DW, .dst_reg = BPF_REG_0, .src_reg = BPF_REG_1, .off = 0, .imm = 0},
-      {.code = BPF_ALU64 | BPF_MOV | BPF_X, .dst_reg = BPF_REG_1, .src_reg = BPF_REG_6, .off = 0, .imm = 0},
-      progsLd.first,
-      progsLd.second,
-      {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_3, .src_reg = 0, .off = 0, .imm = 0},
-      {.code = BPF_JMP | BPF_CALL, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = BPF_FUNC_tail_call},
-      {.code = BPF_ALU64 | BPF_MOV | BPF_K, .dst_reg = BPF_REG_0, .src_reg = 0, .off = 0, .imm = 0 /* SK_DROP */},
-      {.code = BPF_JMP | BPF_EXIT, .dst_reg = 0, .src_reg = 0, .off = 0, .imm = 0},
-  };
-  LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = BPF_SK_LOOKUP);
-  int fd = bpf_prog_load(BPF_PROG_TYPE_SK_LOOKUP, "sluice_pod_lk", "Dual BSD/GPL", insns,
-                         sizeof(insns) / sizeof(insns[0]), &opts);
-  if (fd < 0) return Error::fromErrno(errno, "load the pod's sk_lookup program");
-  return Fd(fd);
-}
-
 // Slot 0 of sk_lookup_prog: the shared program, when empty (or, with
 // replace, running another one). Reading a program array gives program ids.
 Result<bool> ensureSharedLookup(PodPrograms& p, bool replace) {
@@ -245,8 +207,7 @@ Status removeNodeHooks(const std::string& root) {
 }
 
 Status attachPodSkLookup(const PodPrograms& p, uint64_t cookie, int netnsFd, const std::string& pin) {
-  if (!p.socketLoaded()) return Error::msg("socket mode unavailable: " + p.socketError(), ENOTSUP);
-  auto stub = loadPodStub(p, cookie);
+  auto stub = p.skLookupStub(cookie);
   SLUICE_TRY(stub);
   int fd = bpf_link_create(stub->get(), netnsFd, BPF_SK_LOOKUP, nullptr);
   if (fd < 0) return Error::fromErrno(errno, "link the pod's sk_lookup program to its netns");

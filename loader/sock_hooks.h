@@ -2,9 +2,10 @@
 // sendmsg, recvmsg, getpeername, getsockopt, sock_ops, cgroup_skb) as links
 // at one cgroup v2 directory, attached once and pinned under
 // <root>/node_links/ so that they outlive the process that made them. Per
-// pod: a tiny sk_lookup program of its own (the kernel does not tell an
-// sk_lookup program its netns) that names its pod and tail-calls the
-// shared one, linked to the pod's netns and pinned at links/<pod>/sk_lookup.
+// pod: a tiny sk_lookup program of its own (loader/sk_lookup_stubs.h: the
+// kernel does not tell an sk_lookup program its netns) that names its pod
+// and tail-calls the shared one, linked to the pod's netns and pinned at
+// links/<pod>/sk_lookup.
 // None of these attachments waits for an RCU grace period.
 #pragma once
 
@@ -57,7 +58,8 @@ bool nodeHooksPinned(const std::string& root);
 /// Detaches and unpins every node hook under @p root (absent: success).
 Status removeNodeHooks(const std::string& root);
 
-/// Loads pod @p cookie's own sk_lookup program and links it to the network
+/// Takes pod @p cookie's own sk_lookup program (PodPrograms::skLookupStub:
+/// loaded ahead or now) and links it to the network
 /// namespace @p netnsFd, pinned at @p pin (replacing a stale pin).
 Status attachPodSkLookup(const PodPrograms& p, uint64_t cookie, int netnsFd, const std::string& pin);
 

@@ -59,6 +59,21 @@ double timeMs(F&& f) {
 
 std::string sluicectl() { return sluice::test::builtBinary("sluicectl"); }
 
+// An agent has been running before its first pod arrives: its pool of
+// sk_lookup programs is full (a few ms after Datapath::open).
+void waitForStubs(Datapath& dp) {
+  if (const SkLookupStubPool* pool = dp.programs().skLookupStubPool()) pool->waitReady(kSkLookupStubsAhead, 5000);
+}
+
+// How the socket-mode enrollments got their sk_lookup programs.
+std::string stubCounts(Datapath& dp) {
+  const SkLookupStubPool* pool = dp.programs().skLookupStubPool();
+  if (!pool) return "sk_lookup programs: no pool";
+  auto c = pool->counts();
+  return "sk_lookup programs: " + std::to_string(c.ahead) + " loaded ahead, " + std::to_string(c.inline_) +
+         " at enrollment (pool of " + std::to_string(kSkLookupStubsAhead) + ")";
+}
+
 }  // namespace
 
 // ---- PodFarm ---------------------------------------------------------------------
@@ -155,12 +170,14 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       o.tcMode = k == CaseKind::SluiceLegacy ? TcMode::Legacy : TcMode::Tcx;
       o.capture = k == CaseKind::SluiceSocket ? CaptureMode::Socket : CaptureMode::Tc;
       o.cgroupPath = socketHookCgroup();
+      o.skLookupStubsAhead = kSkLookupStubsAhead;  // in process as the agent runs it
       auto dp = Datapath::open(o);
       if (!dp.ok()) {
         p->times.fail("Datapath::open: " + dp.error().message);
         p->farm.reset();
       } else {
         p->dp = std::move(*dp);
+        waitForStubs(*p->dp);
       }
     } else if (!rules) {
       p->times.fail("no rule files");
@@ -219,6 +236,7 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       std::string pin = p->bpffs->linkDir(p->farm->name(0)) + "/sk_lookup";
       bool attached = podSkLookupAttached(pin);
       t.checks.push_back("pod 0: sk_lookup link " + pin + (attached ? " attached" : " NOT attached"));
+      t.checks.push_back(stubCounts(*p->dp));
       t.verified = socket == t.addMs.size() && attached;
     } else if (isSluice(t.kind)) {
       auto list = p->dp->listPods();
@@ -504,11 +522,13 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
   o.tcMode = TcMode::Tcx;
   o.capture = capture;
   o.cgroupPath = socketHookCgroup();
+  o.skLookupStubsAhead = kSkLookupStubsAhead;
   auto dp = Datapath::open(o);
   if (!dp.ok()) {
     res.fail("Datapath::open: " + dp.error().message);
     return res;
   }
+  waitForStubs(**dp);
   res.rssAfterOpenKb = vmRssKb();
   res.mapsBefore = mapMemory(bpffs.root());
   auto& prog = (*dp)->programs();
@@ -533,6 +553,7 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
   res.mapsAfter = mapMemory(bpffs.root());
   size_t listed = (*dp)->listPods().size();
   res.verified = listed == res.addMs.size() && res.failures == 0;
+  if (capture == CaptureMode::Socket) res.stubs = stubCounts(**dp);
 
   // The CLI with every pod enrolled: what an operator's `sluicectl` costs.
   if (!gStop) {

@@ -103,6 +103,7 @@ struct ScaleResult : Failures {
   long rssBeforeKb = 0, rssAfterOpenKb = 0, rssAfterPodsKb = 0;
   std::vector<MapMem> mapsBefore, mapsAfter;
   uint64_t progMemlock = 0;
+  std::string stubs;  ///< socket mode: how the sk_lookup programs were had
   // sluicectl with `pods` pods enrolled
   double cliAddMs = 0, cliListMs = 0, cliRemoveMs = 0;
   long cliAddRssKb = 0, cliListRssKb = 0, cliRemoveRssKb = 0;

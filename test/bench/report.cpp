@@ -581,6 +581,7 @@ void printReport(const Results& r, std::ostream& out) {
           << fmtNum(sliceMedian(s.removeMs, m - g, m)) << " p99 " << fmtNum(slicePercentile(s.removeMs, m - g, m, 99))
           << " (removal order = enroll order)\n";
     }
+    if (!s.stubs.empty()) out << "  " << s.stubs << "\n";
     out << "  map memory (memlock, as bpftool map show): " << kib(totalMem(s.mapsBefore)) << " with 0 pods, "
         << kib(totalMem(s.mapsAfter)) << " with " << n << " pods; programs " << kib(s.progMemlock) << "\n";
     for (const auto& a : s.mapsAfter) {
@@ -783,6 +784,7 @@ std::string toJson(const Results& r) {
                   {"maps_before", maps(s.mapsBefore)},
                   {"maps_after", maps(s.mapsAfter)},
                   {"prog_memlock", s.progMemlock},
+                  {"sk_lookup_stubs", s.stubs},
                   {"rss_kb", {{"before_open", s.rssBeforeKb}, {"after_open", s.rssAfterOpenKb}, {"after_pods", s.rssAfterPodsKb}}},
                   {"sluicectl",
                    {{"add_ms", s.cliAddMs},

@@ -863,6 +863,7 @@ Status PodHarness::open() {
   o.bpffsRoot = bpffs_.root();
   o.tcMode = mode_;
   o.capture = capture_;
+  o.skLookupStubsAhead = stubsAhead_;
   auto dp = Datapath::open(o);
   SLUICE_TRY(dp);
   dp_ = std::move(*dp);

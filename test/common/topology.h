@@ -405,6 +405,9 @@ class PodHarness {
 
   /// Opens the Datapath on the private bpffs root (once).
   Status open();
+  /// Before open(): keep @p n sk_lookup programs loaded ahead, as the agent
+  /// does (DatapathOptions::skLookupStubsAhead).
+  void keepSkLookupStubs(size_t n) { stubsAhead_ = n; }
   Datapath& datapath() { return *dp_; }
 
   /// Enrolls the pod netns; @p spec's netnsPath and id are filled in when
@@ -444,6 +447,7 @@ class PodHarness {
   TcMode mode_;
   CaptureMode capture_ = CaptureMode::Tc;
   bool rerouted_ = false;  ///< the enrolled pod has reroute interfaces
+  size_t stubsAhead_ = 0;
   TestBpffs bpffs_;
   PodTopology topo_;
   std::unique_ptr<Datapath> dp_;

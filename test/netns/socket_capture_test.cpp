@@ -33,6 +33,7 @@
 #include <string>
 
 #include "loader/cgroup.h"
+#include "loader/sk_lookup_stubs.h"
 #include "loader/sock_hooks.h"
 #include "maps/sluice_maps.h"
 #include "test/common/cgroup_scope.h"
@@ -325,6 +326,33 @@ TEST_P(SocketCapture, InboundOriginalDestinationIsTheLocalAddress) {
   EXPECT_EQ(ev->origDstFrom, "local address");
 }
 
+// As the agent runs it: the pod's sk_lookup program was loaded ahead, so
+// the enrollment only named it; it captures inbound like one loaded then,
+// and the pool is refilled behind it.
+TEST_P(SocketCapture, SkLookupProgramLoadedAheadCapturesInbound) {
+  h_.reset();  // a harness whose Datapath keeps two loaded ahead
+  h_ = std::make_unique<PodHarness>(TcMode::Auto, CaptureMode::Socket);
+  ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
+  h_->keepSkLookupStubs(2);
+  ASSERT_TRUE(h_->open().ok());
+  const SkLookupStubPool* pool = h_->datapath().programs().skLookupStubPool();
+  ASSERT_NE(pool, nullptr);
+  ASSERT_TRUE(pool->waitReady(2, 5000)) << pool->ready() << " ready";
+  auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
+  ASSERT_TRUE(app.ok());
+  enrollWithProxy();
+  EXPECT_EQ(pool->counts().ahead, 1u);
+  EXPECT_EQ(pool->counts().inline_, 0u);
+  auto c = tcpConnect(h_->node(), podEp((*app)->port()));
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_TRUE(echoRoundTrip(c->get(), "in").ok());
+  auto ev = h_->waitForEvent("inbound");
+  ASSERT_TRUE(ev) << describe(h_->events());
+  EXPECT_EQ(ev->origDst, podEp((*app)->port()).str());
+  EXPECT_TRUE(pool->waitReady(2, 5000)) << "not refilled: " << pool->ready() << " ready";
+  EXPECT_EQ(pool->counts().loadErrors, 0u);
+}
+
 // Removal restores plain networking at once and leaves nothing in the pod:
 // no sk_lookup link, no policy rule, tcp_fwmark_accept as it was.
 TEST_P(SocketCapture, RemovalLeavesNothingInThePod) {
@@ -510,6 +538,69 @@ TEST_P(SocketCaptureDualStack, CgroupOptionPlacesTheNodeHooks) {
   EXPECT_TRUE((*standIn)->waitForEvents(1, kIoTimeout)) << "a socket of the cgroup was not captured";
   (*standIn)->stop();
   ASSERT_TRUE((*dp)->removePod(info->id).ok());
+}
+
+// The pods' own sk_lookup programs, run with BPF_PROG_TEST_RUN: one whose
+// cookie was never written drops every lookup (fail closed) where one that
+// names a netns sluice does not know passes it (the shared program's
+// answer); a named one cannot be renamed (its array is frozen).
+TEST(SkLookupStub, UnnamedDropsNamedPassesAndIsFrozen) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (BPF)";
+  if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
+  PodHarness h(TcMode::Auto, CaptureMode::Socket);
+  ASSERT_TRUE(h.topo().ok()) << h.topo().error();
+  ASSERT_TRUE(h.open().ok());
+  PodPrograms& p = h.datapath().programs();
+  ASSERT_TRUE(p.socketLoaded()) << p.socketError();
+  // The shared program sits in slot 0 once node hooks exist; put it there.
+  ASSERT_TRUE(p.skLookupProg.update(0, static_cast<__u32>(p.socketPrograms().skLookup)).ok());
+  auto run = [](const SkLookupStub& stub) -> int {
+    struct bpf_sk_lookup ctx {};
+    ctx.family = AF_INET;
+    ctx.protocol = IPPROTO_TCP;
+    ctx.remote_ip4 = htonl(0x0ac80001);
+    ctx.remote_port = htons(40000);
+    ctx.local_ip4 = htonl(0x0ac80002);
+    ctx.local_port = 8080;
+    LIBBPF_OPTS(bpf_test_run_opts, o, .ctx_in = &ctx, .ctx_size_in = sizeof(ctx));
+    if (bpf_prog_test_run_opts(stub.prog.get(), &o) != 0) return -errno;
+    return static_cast<int>(o.retval);
+  };
+  auto stub = loadSkLookupStub(p.skLookupPod.fd(), p.skLookupProg.fd());
+  ASSERT_TRUE(stub.ok()) << stub.error().message;
+  EXPECT_EQ(run(*stub), 0 /* SK_DROP */);
+  ASSERT_TRUE(nameSkLookupStub(*stub, 0x5eed5eedull).ok());
+  EXPECT_EQ(run(*stub), 1 /* SK_PASS */);
+  Status again = nameSkLookupStub(*stub, 42);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.error().message, "write the pod's sk_lookup cookie: Operation not permitted");
+}
+
+// The pool: refilled behind each take; a load that fails pauses it until
+// the next take, which then loads inline and returns the kernel's refusal.
+TEST(SkLookupStub, PoolRefillsAndReportsLoadErrors) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (BPF)";
+  if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
+  PodHarness h(TcMode::Auto, CaptureMode::Socket);
+  ASSERT_TRUE(h.topo().ok()) << h.topo().error();
+  ASSERT_TRUE(h.open().ok());
+  PodPrograms& p = h.datapath().programs();
+  auto pool = SkLookupStubPool::start(p.skLookupPod.fd(), p.skLookupProg.fd(), 3);
+  ASSERT_TRUE(pool.ok()) << pool.error().message;
+  ASSERT_TRUE((*pool)->waitReady(3, 5000));
+  for (int i = 0; i < 3; i++) ASSERT_TRUE((*pool)->take(1000 + i).ok());
+  EXPECT_EQ((*pool)->counts().ahead, 3u);
+  EXPECT_TRUE((*pool)->waitReady(3, 5000)) << (*pool)->ready() << " ready";
+
+  // The program array where the scratch must be: the verifier refuses the store.
+  auto bad = SkLookupStubPool::start(p.skLookupProg.fd(), p.skLookupProg.fd(), 3);
+  ASSERT_TRUE(bad.ok()) << bad.error().message;
+  EXPECT_FALSE((*bad)->waitReady(1, 5000));
+  EXPECT_EQ((*bad)->counts().loadErrors, 1u);
+  auto fd = (*bad)->take(7);
+  ASSERT_FALSE(fd.ok());
+  EXPECT_EQ(fd.error().message.rfind("load the pod's sk_lookup program: ", 0), 0u) << fd.error().message;
+  EXPECT_EQ((*bad)->counts().inline_, 1u);
 }
 
 }  // namespace

@@ -119,7 +119,10 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
     a->kube_ = std::move(*k);
   }
   SLUICE_TRY(a->checkBpffs());
-  auto dp = Datapath::open(options.datapath);
+  // A long-running enroller: the pods' sk_lookup programs loaded ahead.
+  DatapathOptions dopts = options.datapath;
+  dopts.skLookupStubsAhead = kSkLookupStubsAhead;
+  auto dp = Datapath::open(dopts);
   SLUICE_TRY(dp);
   a->dp_ = std::move(*dp);
   a->stopFd_ = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
