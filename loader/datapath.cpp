@@ -343,9 +343,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   std::vector<sluice_pod_addr> sockAddrs;  // socket mode: the pod's addresses for pod_sock
   if (socketMode && !programs_->pods.lookup(podKey(id))) {
     // The node-wide hooks, once per node (a no-op when they are there).
-    auto cg = nodeCgroup();
-    SLUICE_TRY(cg);
-    SLUICE_TRY(ensureNodeHooks(options_.bpffsRoot, *cg, *programs_, false));
+    SLUICE_TRY(ensureNodeHooksFor());
     if (mode == TcMode::Auto) {
       auto f = kernelFeatures();
       SLUICE_TRY(f);
@@ -661,6 +659,20 @@ Result<CaptureMode> Datapath::resolveCapture(CaptureMode requested) const {
 }
 
 Result<std::string> Datapath::nodeCgroup() const { return nodeHookCgroup(options_.cgroupPath); }
+
+Status Datapath::ensureNodeHooksFor() {
+  auto cg = nodeCgroup();
+  SLUICE_TRY(cg);
+  auto id = cgroupIdOfPath(*cg);
+  SLUICE_TRY(id);
+  if (nodeHooksChecked_ && nodeHooksChecked_->first == *cg && nodeHooksChecked_->second == *id &&
+      nodeHooksComplete(options_.bpffsRoot, *programs_))
+    return {};
+  nodeHooksChecked_.reset();
+  SLUICE_TRY(ensureNodeHooks(options_.bpffsRoot, *cg, *programs_, false));
+  nodeHooksChecked_.emplace(*cg, *id);
+  return {};
+}
 
 Status Datapath::addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
                              sluice_pod_record& rec) {

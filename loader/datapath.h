@@ -235,9 +235,17 @@ class Datapath {
   /// moves a tcx link to the front (moveTcxToFront); dropped after it.
   Result<PodPrograms*> stagingPrograms();
 
+  /// Socket mode, before a pod's steps: the node hooks in place at the
+  /// node cgroup (ensureNodeHooks). Checked link by link the first time and
+  /// whenever the cgroup changed; otherwise by nodeHooksComplete, with the
+  /// full check only when that finds something missing. The lock held.
+  Status ensureNodeHooksFor();
+
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;
   std::unique_ptr<PodPrograms> staging_;
+  /// The cgroup (path, id) ensureNodeHooksFor last checked fully.
+  std::optional<std::pair<std::string, uint64_t>> nodeHooksChecked_;
 };
 
 }  // namespace sluice

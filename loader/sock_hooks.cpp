@@ -2,12 +2,15 @@
 
 #include <bpf/bpf.h>
 #include <bpf/libbpf.h>
+#include <dirent.h>
 #include <fcntl.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <memory>
+#include <set>
 
 #include "loader/cgroup.h"
 #include "loader/fd.h"
@@ -185,6 +188,16 @@ std::vector<std::string> checkNodeHooks(const std::string& root, const std::stri
   }
   if (p.socketLoaded() && !p.skLookupProg.lookup(0)) out.push_back("the shared sk_lookup program is missing");
   return out;
+}
+
+bool nodeHooksComplete(const std::string& root, const PodPrograms& p) {
+  std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(nodeDir(root).c_str()), ::closedir);
+  if (!dir) return false;
+  std::set<std::string> pinned;
+  while (const dirent* e = ::readdir(dir.get())) pinned.insert(e->d_name);
+  for (const auto& h : nodeHooks(p))
+    if (!pinned.count(h.name)) return false;
+  return p.socketLoaded() && p.skLookupProg.lookup(0).has_value();
 }
 
 bool nodeHooksPinned(const std::string& root) {

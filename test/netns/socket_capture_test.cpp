@@ -436,6 +436,36 @@ TEST_P(SocketCapture, MissingNodeHooksAreReportedAndRepaired) {
   EXPECT_TRUE(h_->waitForEvent("outbound")) << describe(h_->events());
 }
 
+// A Datapath checks its node hooks link by link once, then by listing
+// their pins: a hook whose pin went away between two enrollments is put
+// back by the second (here connect4, detached and unpinned on its own).
+TEST_P(SocketCapture, NodeHookGoneBetweenEnrollmentsIsReattached) {
+  auto srv = server();
+  ASSERT_TRUE(srv);
+  enrollWithProxy();
+  h_->stopStandIn();
+  ASSERT_TRUE(h_->unenroll().ok());
+  const std::string pin = h_->bpffs().root() + "/" + SLUICE_PIN_NODE_LINKS_DIR + "/connect4";
+  {
+    Fd link(bpf_obj_get(pin.c_str()));
+    ASSERT_TRUE(link.valid()) << pin << ": " << std::strerror(errno);
+    ASSERT_EQ(bpf_link_detach(link.get()), 0) << std::strerror(errno);
+    ASSERT_EQ(::unlink(pin.c_str()), 0);
+  }
+  ASSERT_FALSE(nodeHooksComplete(h_->bpffs().root(), h_->datapath().programs()));
+  enrollWithProxy();
+  EXPECT_TRUE(nodeHooksComplete(h_->bpffs().root(), h_->datapath().programs()));
+  auto check = h_->datapath().checkPod(h_->podId());
+  ASSERT_TRUE(check.ok()) << check.error().message;
+  EXPECT_TRUE(check->problems.empty()) << ::testing::PrintToString(check->problems);
+  if (family() == AF_INET) {  // connect4 is the hook that was gone
+    auto c = tcpConnect(h_->pod(), srv->local());
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    ASSERT_TRUE(echoRoundTrip(c->get(), "back").ok());
+    EXPECT_TRUE(h_->waitForEvent("outbound")) << describe(h_->events());
+  }
+}
+
 // IPv4-mapped addresses on a dual-stack IPv6 socket: ::ffff:10.200.0.1 is
 // IPv4 to the kernel, and to sluice. The proxy reads SO_ORIGINAL_DST (IPv4);
 // the app gets its peer back v4-mapped; DNS answers too.
