@@ -16,8 +16,6 @@ namespace sluice {
 
 namespace {
 
-constexpr const char* kName = "sluice_pod_lk";
-
 bpf_insn insn(__u8 code, __u8 dst, __u8 src, __s16 off, __s32 imm) {
   return bpf_insn{.code = code, .dst_reg = dst, .src_reg = src, .off = off, .imm = imm};
 }
@@ -30,7 +28,7 @@ bpf_insn insn(__u8 code, __u8 dst, __u8 src, __s16 off, __s32 imm) {
 // tail call falls through).
 Result<SkLookupStub> loadSkLookupStub(int scratchFd, int progsFd) {
   LIBBPF_OPTS(bpf_map_create_opts, mopts, .map_flags = BPF_F_RDONLY_PROG);
-  Fd cookie(bpf_map_create(BPF_MAP_TYPE_ARRAY, kName, sizeof(__u32), sizeof(__u64), 1, &mopts));
+  Fd cookie(bpf_map_create(BPF_MAP_TYPE_ARRAY, kSkLookupStubName, sizeof(__u32), sizeof(__u64), 1, &mopts));
   if (!cookie.valid()) return Error::fromErrno(errno, "create the pod's sk_lookup cookie array");
   const __u8 ld = BPF_LD | BPF_DW | BPF_IMM, call = BPF_JMP | BPF_CALL;
   const __u8 mov = BPF_ALU64 | BPF_MOV | BPF_X, jeq0 = BPF_JMP | BPF_JEQ | BPF_K;
@@ -61,7 +59,7 @@ Result<SkLookupStub> loadSkLookupStub(int scratchFd, int progsFd) {
       /* 23 */ insn(BPF_JMP | BPF_EXIT, 0, 0, 0, 0),
   };
   LIBBPF_OPTS(bpf_prog_load_opts, opts, .expected_attach_type = BPF_SK_LOOKUP);
-  Fd prog(bpf_prog_load(BPF_PROG_TYPE_SK_LOOKUP, kName, "Dual BSD/GPL", insns, sizeof(insns) / sizeof(insns[0]),
+  Fd prog(bpf_prog_load(BPF_PROG_TYPE_SK_LOOKUP, kSkLookupStubName, "Dual BSD/GPL", insns, sizeof(insns) / sizeof(insns[0]),
                         &opts));
   if (!prog.valid()) return Error::fromErrno(errno, "load the pod's sk_lookup program");
   return SkLookupStub{std::move(prog), std::move(cookie)};

@@ -28,6 +28,9 @@
 
 namespace sluice {
 
+/// The name of a stub's program and of its cookie array (bpftool shows it).
+inline constexpr const char* kSkLookupStubName = "sluice_pod_lk";
+
 /// A loaded stub: the program and its cookie array.
 struct SkLookupStub {
   Fd prog;

@@ -570,17 +570,27 @@ TEST_P(SocketCaptureDualStack, CgroupOptionPlacesTheNodeHooks) {
   ASSERT_TRUE((*dp)->removePod(info->id).ok());
 }
 
-// The pods' own sk_lookup programs, run with BPF_PROG_TEST_RUN: one whose
-// cookie was never written drops every lookup (fail closed) where one that
-// names a netns sluice does not know passes it (the shared program's
-// answer); a named one cannot be renamed (its array is frozen).
-TEST(SkLookupStub, UnnamedDropsNamedPassesAndIsFrozen) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root (BPF)";
-  if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-  PodHarness h(TcMode::Auto, CaptureMode::Socket);
-  ASSERT_TRUE(h.topo().ok()) << h.topo().error();
-  ASSERT_TRUE(h.open().ok());
-  PodPrograms& p = h.datapath().programs();
+// The pods' own sk_lookup programs (loader/sk_lookup_stubs.h), over the
+// maps of a socket-mode Datapath.
+class SkLookupStubs : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root (BPF)";
+    if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
+    h_ = std::make_unique<PodHarness>(TcMode::Auto, CaptureMode::Socket);
+    ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
+    ASSERT_TRUE(h_->open().ok());
+  }
+  PodPrograms& programs() { return h_->datapath().programs(); }
+  std::unique_ptr<PodHarness> h_;
+};
+
+// Run with BPF_PROG_TEST_RUN: a stub whose cookie was never written drops
+// every lookup (fail closed) where one that names a netns sluice does not
+// know passes it (the shared program's answer); a named one cannot be
+// renamed (its array is frozen).
+TEST_F(SkLookupStubs, UnnamedDropsNamedPassesAndIsFrozen) {
+  PodPrograms& p = programs();
   ASSERT_TRUE(p.socketLoaded()) << p.socketError();
   // The shared program sits in slot 0 once node hooks exist; put it there.
   ASSERT_TRUE(p.skLookupProg.update(0, static_cast<__u32>(p.socketPrograms().skLookup)).ok());
@@ -608,13 +618,8 @@ TEST(SkLookupStub, UnnamedDropsNamedPassesAndIsFrozen) {
 
 // The pool: refilled behind each take; a load that fails pauses it until
 // the next take, which then loads inline and returns the kernel's refusal.
-TEST(SkLookupStub, PoolRefillsAndReportsLoadErrors) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root (BPF)";
-  if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-  PodHarness h(TcMode::Auto, CaptureMode::Socket);
-  ASSERT_TRUE(h.topo().ok()) << h.topo().error();
-  ASSERT_TRUE(h.open().ok());
-  PodPrograms& p = h.datapath().programs();
+TEST_F(SkLookupStubs, PoolRefillsAndReportsLoadErrors) {
+  PodPrograms& p = programs();
   auto pool = SkLookupStubPool::start(p.skLookupPod.fd(), p.skLookupProg.fd(), 3);
   ASSERT_TRUE(pool.ok()) << pool.error().message;
   ASSERT_TRUE((*pool)->waitReady(3, 5000));
