@@ -81,6 +81,18 @@ class SocketCapture : public ::testing::TestWithParam<int> {
     return ev;
   }
 
+  /// A connection from the node to the pod's @p port, echoed through the
+  /// proxy: its inbound event (none, with the test failed, when missing).
+  std::optional<ProxyEvent> inboundRoundTrip(uint16_t port) {
+    auto c = tcpConnect(h_->node(), podEp(port));
+    EXPECT_TRUE(c.ok()) << c.error().message;
+    if (!c.ok()) return std::nullopt;
+    EXPECT_TRUE(echoRoundTrip(c->get(), "in").ok());
+    auto ev = h_->waitForEvent("inbound");
+    EXPECT_TRUE(ev) << describe(h_->events());
+    return ev;
+  }
+
   std::unique_ptr<PodHarness> h_;
 };
 
@@ -321,11 +333,8 @@ TEST_P(SocketCapture, InboundOriginalDestinationIsTheLocalAddress) {
   auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
   ASSERT_TRUE(app.ok());
   enrollWithProxy();
-  auto c = tcpConnect(h_->node(), podEp((*app)->port()));
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  ASSERT_TRUE(echoRoundTrip(c->get(), "in").ok());
-  auto ev = h_->waitForEvent("inbound");
-  ASSERT_TRUE(ev) << describe(h_->events());
+  auto ev = inboundRoundTrip((*app)->port());
+  ASSERT_TRUE(ev);
   EXPECT_EQ(ev->origDst, podEp((*app)->port()).str());
   EXPECT_EQ(ev->origDstFrom, "local address");
 }
@@ -347,11 +356,8 @@ TEST_P(SocketCapture, SkLookupProgramLoadedAheadCapturesInbound) {
   enrollWithProxy();
   EXPECT_EQ(pool->counts().ahead, 1u);
   EXPECT_EQ(pool->counts().inline_, 0u);
-  auto c = tcpConnect(h_->node(), podEp((*app)->port()));
-  ASSERT_TRUE(c.ok()) << c.error().message;
-  ASSERT_TRUE(echoRoundTrip(c->get(), "in").ok());
-  auto ev = h_->waitForEvent("inbound");
-  ASSERT_TRUE(ev) << describe(h_->events());
+  auto ev = inboundRoundTrip((*app)->port());
+  ASSERT_TRUE(ev);
   EXPECT_EQ(ev->origDst, podEp((*app)->port()).str());
   EXPECT_TRUE(pool->waitReady(2, 5000)) << "not refilled: " << pool->ready() << " ready";
   EXPECT_EQ(pool->counts().loadErrors, 0u);
