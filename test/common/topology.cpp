@@ -906,6 +906,15 @@ void PodHarness::stopStandIn() {
   if (standIn_) standIn_->stop();
 }
 
+bool PodHarness::waitStandInIdle(std::chrono::milliseconds timeout) {
+  auto deadline = Clock::now() + timeout;
+  while (standIn_ && standIn_->openConnections() != 0) {
+    if (Clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  return true;
+}
+
 std::vector<ProxyEvent> PodHarness::events() const { return standIn_ ? standIn_->events() : std::vector<ProxyEvent>{}; }
 
 std::vector<ProxyEvent> PodHarness::events(const std::string& listener) const {

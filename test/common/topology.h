@@ -420,6 +420,11 @@ class PodHarness {
   /// Starts the stand-in in the pod netns (config.netnsPath is set).
   Status startStandIn(StandInConfig config = {});
   void stopStandIn();
+  /// Waits until the stand-in relays nothing (every connection's two ends
+  /// closed). A stop before that resets the relays still open, as a killed
+  /// proxy's are, and their app's FIN then meets no proxy socket: a counted
+  /// drop. False when connections are still open at the timeout.
+  bool waitStandInIdle(std::chrono::milliseconds timeout = std::chrono::seconds(5));
   ProxyStandIn& standIn() { return *standIn_; }
   /// The stand-in's events (empty when it never ran).
   std::vector<ProxyEvent> events() const;

@@ -693,6 +693,8 @@ TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
     auto c = tcpConnect(h_->node(), podEp(app->port()));
     ASSERT_TRUE(c.ok()) << c.error().message << describe(h_->events());
     ASSERT_TRUE(echoRoundTrip(c->get(), "kept").ok());
+    c->reset();
+    ASSERT_TRUE(h_->waitStandInIdle()) << "relays still open";  // a graceful stop: nothing to reset
     h_->stopStandIn();
     EXPECT_EQ(podKeys(), Keys{}) << "a closed listener must leave the map";
     ASSERT_TRUE(h_->startStandIn().ok());
@@ -737,6 +739,7 @@ TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
   EXPECT_EQ(h_->events("outbound").size(), 3u) << describe(h_->events());
   EXPECT_EQ(h_->events("inbound").size(), 1u) << describe(h_->events());
 
+  ASSERT_TRUE(h_->waitStandInIdle()) << "relays still open";  // a graceful stop: nothing to reset
   h_->stopStandIn();
   EXPECT_EQ(podKeys(), Keys{}) << "a closed listener must leave the map";
   ASSERT_TRUE(h_->startStandIn().ok());
