@@ -86,14 +86,60 @@ static __always_inline int sock_is_proxy(const struct sluice_settings *cfg, cons
 	return cgroup_is_proxy(bpf_get_current_cgroup_id());
 }
 
-/* Where a captured socket goes: @p port on the address the socket is bound
- * to when that is the pod's own, else the pod's first address of the
- * destination's family (so its source is the pod's address), else loopback. */
-static __always_inline void capture_target(const struct sctx *c, const struct bpf_sock *sk, __u8 family, __u32 *to)
+/* Binds a socket that is not bound to the pod's address of the family
+ * (v4-mapped on an IPv6 socket for IPv4), without a port: the kernel picks
+ * the port at connect(). Whether the socket now has that source. */
+static __always_inline int bind_pod_source(struct bpf_sock_addr *ctx, const struct sctx *c, __u8 family, const int v6)
+{
+	__u32 self[4];
+
+	if (!pod_addr(c->pod, family, self))
+		return 0;
+	if (!v6) {
+		struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = self[0] };
+
+		return bpf_bind(ctx, (struct sockaddr *)&sin, sizeof(sin)) == 0;
+	} else {
+		struct sockaddr_in6 sin6 = { .sin6_family = AF_INET6 };
+
+		if (family == AF_INET) {
+			sin6.sin6_addr.in6_u.u6_addr32[2] = bpf_htonl(0xffff);
+			sin6.sin6_addr.in6_u.u6_addr32[3] = self[0];
+		} else {
+			__builtin_memcpy(&sin6.sin6_addr, self, 16);
+		}
+		return bpf_bind(ctx, (struct sockaddr *)&sin6, sizeof(sin6)) == 0;
+	}
+}
+
+/*
+ * Where a captured TCP socket goes: the proxy's port on loopback, from the
+ * pod's address. Every outbound connection of a pod has this one
+ * destination, so they share one space of ephemeral ports, and the
+ * TIME_WAIT each connection the app closes first leaves holds its port:
+ * at the pod's own address for 60 s (about 470 new connections a second,
+ * with a port search that slows long before), over loopback only until the
+ * kernel may reuse it (net.ipv4.tcp_tw_reuse = 2, the default, is for
+ * loopback; after a second). The source stays the app's: a socket bound to
+ * an address keeps it, an unbound one is bound to the pod's address (as
+ * Istio's REDIRECT leaves the app's source; the accepted socket's peer is
+ * what SO_ORIGINAL_DST is filed under). A socket bound to a device, or to
+ * the wildcard with a port (its source would become loopback), or in a pod
+ * without an address of the family goes to the pod's own address (or
+ * loopback) as before.
+ */
+static __always_inline void capture_target(struct bpf_sock_addr *ctx, const struct sctx *c, const struct bpf_sock *sk,
+					   __u8 family, __u32 *to, const int v6)
 {
 	struct sa_addr bound;
+	__u32 dev = sk->bound_dev_if, port = sk->src_port;
 
 	sa_read_bound(sk, &bound);
+	if (!dev && ((bound.family == family && !sa_is_any(&bound)) ||
+		     (sa_is_any(&bound) && !port && bind_pod_source(ctx, c, family, v6)))) {
+		sa_set_loopback(to, family);
+		return;
+	}
 	if (bound.family == family && !sa_is_any(&bound) && !sa_is_loopback(&bound)) {
 		__builtin_memcpy(to, bound.a, 16);
 		return;
@@ -112,7 +158,7 @@ static __always_inline int dns_to_listener(struct bpf_sock_addr *ctx, const stru
 {
 	struct sluice_sock_orig *o = bpf_sk_storage_get(&sock_orig, ctx->sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
 	struct sa_addr bound;
-	__u32 lo[4], self[4];
+	__u32 lo[4];
 
 	/* Without the record the answer could not be given the resolver's
 	 * address back: refuse rather than confuse the app. */
@@ -120,23 +166,8 @@ static __always_inline int dns_to_listener(struct bpf_sock_addr *ctx, const stru
 		return 0;
 	orig_set(o, d, SLUICE_SOCK_DNS);
 	sa_read_bound(ctx->sk, &bound);
-	if (bind && sa_is_any(&bound) && pod_addr(c->pod, d->family, self)) {
-		if (!v6) {
-			struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = self[0] };
-
-			bpf_bind(ctx, (struct sockaddr *)&sin, sizeof(sin));
-		} else {
-			struct sockaddr_in6 sin6 = { .sin6_family = AF_INET6 };
-
-			if (d->family == AF_INET) {
-				sin6.sin6_addr.in6_u.u6_addr32[2] = bpf_htonl(0xffff);
-				sin6.sin6_addr.in6_u.u6_addr32[3] = self[0];
-			} else {
-				__builtin_memcpy(&sin6.sin6_addr, self, 16);
-			}
-			bpf_bind(ctx, (struct sockaddr *)&sin6, sizeof(sin6));
-		}
-	}
+	if (bind && sa_is_any(&bound))
+		bind_pod_source(ctx, c, d->family, v6);
 	sa_set_loopback(lo, d->family);
 	sa_write_user(ctx, lo, d->family, bpf_htons(c->cfg->dns_port), v6);
 	return 1;
@@ -197,7 +228,7 @@ static __always_inline int pod_connect(struct bpf_sock_addr *ctx, const int v6)
 	if (!o)
 		return 0;
 	orig_set(o, &d, SLUICE_SOCK_OUTBOUND);
-	capture_target(&c, sk, d.family, to);
+	capture_target(ctx, &c, sk, d.family, to, v6);
 	sa_write_user(ctx, to, d.family, bpf_htons(c.cfg->outbound_port), v6);
 	SLUICE_COUNT(c.cookie, outbound_conns);
 	return 1;

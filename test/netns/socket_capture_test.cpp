@@ -29,8 +29,12 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <iostream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "loader/cgroup.h"
 #include "loader/sk_lookup_stubs.h"
@@ -146,6 +150,62 @@ TEST_P(SocketCapture, BoundSourceAddressAndPortAreKept) {
   EXPECT_EQ(ev->origDst, srv->local().str());
   EXPECT_EQ(ev->origDstFrom, soOriginalDst());
   EXPECT_EQ(peerOf(c->get()).str(), srv->local().str());
+}
+
+// Every outbound connection of a pod goes to the one proxy address, so they
+// share one space of ephemeral ports, and a connection the app closes first
+// holds its port in TIME_WAIT. Over loopback the kernel reuses such a port
+// after a second (net.ipv4.tcp_tw_reuse = 2, the default); at the pod's own
+// address it would be held for 60 s. Here the pod has 10 ports: 10
+// connections the app closes, then 10 more within seconds, each from the
+// pod's address. (The proxy's own connections to the servers get a port
+// space per server: ten servers.)
+//
+//   pod app, ports 40000-40009 --x10--> lo:15001 (proxy) --> node servers x10
+//   app closes first: 10 ports in TIME_WAIT ... 10 new connections
+TEST_P(SocketCapture, PortsOfClosedConnectionsAreReusedWithinSeconds) {
+  constexpr int kPorts = 10;
+  std::vector<std::unique_ptr<TcpServer>> servers;
+  for (int i = 0; i < kPorts; i++) {
+    servers.push_back(server());
+    ASSERT_TRUE(servers.back());
+  }
+  enrollWithProxy();
+  ASSERT_TRUE(h_->pod().setSysctl("net/ipv4/ip_local_port_range", "40000 40009").ok());
+  auto roundTrip = [&](const Fd& c, int i) {
+    const Endpoint self = localOf(c.get());
+    EXPECT_EQ(self.ip(), podIp()) << "the app's source must stay the pod's address";
+    EXPECT_GE(self.port(), 40000);
+    EXPECT_LE(self.port(), 40009);
+    EXPECT_EQ(peerOf(c.get()).str(), servers[i]->local().str());
+    auto echoed = echoRoundTrip(c.get(), "reuse");
+    EXPECT_TRUE(echoed.ok()) << echoed.error().message << describe(h_->events());
+  };
+  for (int i = 0; i < kPorts; i++) {
+    auto c = tcpConnect(h_->pod(), servers[i]->local());
+    ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.error().message;
+    roundTrip(*c, i);
+  }  // each closed here, by the app first
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(6);
+  int held = 0;
+  for (int i = 0; i < kPorts; i++) {
+    for (;;) {
+      auto c = tcpConnect(h_->pod(), servers[i]->local());
+      if (c.ok()) {
+        roundTrip(*c, i);
+        break;
+      }
+      ASSERT_EQ(c.error().code, EADDRNOTAVAIL) << c.error().message;
+      ASSERT_LT(std::chrono::steady_clock::now(), deadline)
+          << "second connection " << i << ": the ports of the app's closed connections are still held ("
+          << c.error().message << ")";
+      held++;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  std::cout << "[ info     ] connect() found every port held " << held << " time(s) before the kernel reused one\n";
+  for (const auto& srv : servers) EXPECT_EQ(srv->accepted(), 2u);
+  EXPECT_EQ(h_->events("outbound").size(), 2u * kPorts);
 }
 
 // An app socket bound to a device (SO_BINDTODEVICE eth0) is captured too:
