@@ -112,16 +112,39 @@ static __always_inline int bind_pod_source(struct bpf_sock_addr *ctx, const stru
 	}
 }
 
+/* The loopback address a captured IPv4 connection is sent to: one of
+ * 127.1.0.0/16 chosen by its original destination, so that each destination
+ * keeps a port space of its own, as it does under REDIRECT. */
+static __always_inline __u32 loopback_for(const struct sa_addr *d)
+{
+	__u32 h = bpf_ntohl(d->a[0]) * 0x9e3779b1u ^ (__u32)bpf_ntohs(d->port) * 0x85ebca6bu;
+
+	return bpf_htonl(0x7f010000u | ((h ^ (h >> 16)) & 0xffffu));
+}
+
+/* The orig_dst key's proxy_lo for a connection's proxy end @x (the app
+ * socket's peer, the accepted socket's local address): the low half of an
+ * address of 127.1.0.0/16, else 0. */
+static __always_inline __u16 proxy_lo_of(const struct sa_addr *x)
+{
+	__u32 a = bpf_ntohl(x->a[0]);
+
+	if (x->family != AF_INET || (a & 0xffff0000u) != 0x7f010000u)
+		return 0;
+	return a & 0xffffu;
+}
+
 /*
  * Where a captured TCP socket goes: the proxy's port on loopback, from the
- * pod's address. Every outbound connection of a pod has this one
- * destination, so they share one space of ephemeral ports, and the
- * TIME_WAIT each connection the app closes first leaves holds its port:
- * at the pod's own address for 60 s (about 470 new connections a second,
- * with a port search that slows long before), over loopback only until the
- * kernel may reuse it (net.ipv4.tcp_tw_reuse = 2, the default, is for
- * loopback; after a second). The source stays the app's: a socket bound to
- * an address keeps it, an unbound one is bound to the pod's address (as
+ * pod's address. A connection's ephemeral port is chosen among those free
+ * for its destination, and every connection the app closes first holds its
+ * port in TIME_WAIT: at the pod's own address for 60 s, over loopback only
+ * until the kernel may reuse it (net.ipv4.tcp_tw_reuse = 2, the default, is
+ * for loopback; after a second). Sent to one address, all of a pod's
+ * outbound connections would share one space of ~28k ports; IPv4 spreads
+ * them over 127.1.0.0/16 by original destination (loopback_for), IPv6 has
+ * one loopback address (::1). The source stays the app's: a socket bound
+ * to an address keeps it, an unbound one is bound to the pod's address (as
  * Istio's REDIRECT leaves the app's source; the accepted socket's peer is
  * what SO_ORIGINAL_DST is filed under). A socket bound to a device, or to
  * the wildcard with a port (its source would become loopback), or in a pod
@@ -129,15 +152,18 @@ static __always_inline int bind_pod_source(struct bpf_sock_addr *ctx, const stru
  * loopback) as before.
  */
 static __always_inline void capture_target(struct bpf_sock_addr *ctx, const struct sctx *c, const struct bpf_sock *sk,
-					   __u8 family, __u32 *to, const int v6)
+					   const struct sa_addr *d, __u32 *to, const int v6)
 {
 	struct sa_addr bound;
 	__u32 dev = sk->bound_dev_if, port = sk->src_port;
+	__u8 family = d->family;
 
 	sa_read_bound(sk, &bound);
 	if (!dev && ((bound.family == family && !sa_is_any(&bound)) ||
 		     (sa_is_any(&bound) && !port && bind_pod_source(ctx, c, family, v6)))) {
 		sa_set_loopback(to, family);
+		if (family == AF_INET)
+			to[0] = loopback_for(d);
 		return;
 	}
 	if (bound.family == family && !sa_is_any(&bound) && !sa_is_loopback(&bound)) {
@@ -228,7 +254,7 @@ static __always_inline int pod_connect(struct bpf_sock_addr *ctx, const int v6)
 	if (!o)
 		return 0;
 	orig_set(o, &d, SLUICE_SOCK_OUTBOUND);
-	capture_target(ctx, &c, sk, d.family, to, v6);
+	capture_target(ctx, &c, sk, &d, to, v6);
 	sa_write_user(ctx, to, d.family, bpf_htons(c.cfg->outbound_port), v6);
 	SLUICE_COUNT(c.cookie, outbound_conns);
 	return 1;
@@ -387,7 +413,7 @@ int pod_getsockopt(struct bpf_sockopt *ctx)
 	struct sluice_sock_orig *o, *filed;
 	struct sluice_orig_key k;
 	struct bpf_sock *sk;
-	struct sa_addr peer;
+	struct sa_addr peer, self;
 	__u8 *p;
 
 	if (ctx->optname != SLUICE_SO_ORIGINAL_DST || (ctx->level != SLUICE_SOL_IP && ctx->level != SLUICE_SOL_IPV6))
@@ -399,12 +425,20 @@ int pod_getsockopt(struct bpf_sockopt *ctx)
 	o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
 	if (!o || o->kind != SLUICE_SOCK_ACCEPTED) {
 		sa_read_peer(sk, &peer);
+		sa_read_bound(sk, &self);
 		__builtin_memset(&k, 0, sizeof(k));
 		k.netns_cookie = bpf_get_netns_cookie(ctx);
 		__builtin_memcpy(k.addr, peer.a, 16);
 		k.port = peer.port;
 		k.family = peer.family;
+		k.proxy_lo = proxy_lo_of(&self);
 		filed = bpf_map_lookup_elem(&orig_dst, &k);
+		if (!filed && k.proxy_lo) {
+			/* Filed by the sockops program of an earlier build, in the
+			 * moment of an upgrade between their switches. */
+			k.proxy_lo = 0;
+			filed = bpf_map_lookup_elem(&orig_dst, &k);
+		}
 		if (!filed)
 			return 1; /* not captured here: the kernel's answer stands */
 		o = bpf_sk_storage_get(&sock_orig, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
@@ -506,7 +540,7 @@ static __always_inline int sockops_connect(struct bpf_sock_ops *ops)
 	struct bpf_sock *sk = ops->sk;
 	struct sluice_sock_orig *o;
 	struct sluice_orig_key k;
-	struct sa_addr self;
+	struct sa_addr self, proxy;
 
 	if (!sk)
 		return 1;
@@ -518,11 +552,13 @@ static __always_inline int sockops_connect(struct bpf_sock_ops *ops)
 	if (o->kind != SLUICE_SOCK_OUTBOUND)
 		return 1;
 	sa_read_bound(sk, &self);
+	sa_read_peer(sk, &proxy);
 	__builtin_memset(&k, 0, sizeof(k));
 	k.netns_cookie = bpf_get_netns_cookie(ops);
 	__builtin_memcpy(k.addr, self.a, 16);
 	k.port = bpf_htons((__u16)ops->local_port);
 	k.family = self.family;
+	k.proxy_lo = proxy_lo_of(&proxy);
 	bpf_map_update_elem(&orig_dst, &k, o, BPF_ANY);
 	return 1;
 }

@@ -385,13 +385,22 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_sock_orig) == 24, "sluice_sock_orig la
 
 /* `orig_dst` (LRU): an outbound connection from its connect() until the
  * proxy asked for its SO_ORIGINAL_DST, keyed by the app's end as the
- * proxy's accepted socket sees its peer (v4-mapped as AF_INET). */
+ * proxy's accepted socket sees its peer (v4-mapped as AF_INET) and, for
+ * IPv4, by the loopback address the connection was sent to: connections
+ * to different destinations may share the app's port at once (a port
+ * space per destination). proxy_lo: the low half of that address in
+ * 127.1.0.0/16, host order; 0 for a connection sent anywhere else. The
+ * field took two bytes of what was padding (always zero), so an entry
+ * filed by an earlier build reads as proxy_lo 0, what it meant then: the
+ * byte layout, its version and the pinned map stay. */
 struct sluice_orig_key {
 	__u64 netns_cookie;
 	__u8 addr[16];
 	__be16 port;
 	__u8 family;
-	__u8 pad[5];
+	__u8 pad1;
+	__u16 proxy_lo;
+	__u16 pad2;
 };
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_orig_key) == 32, "sluice_orig_key layout");
 #define SLUICE_ORIG_DST_ENTRIES 65536

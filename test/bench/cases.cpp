@@ -373,12 +373,16 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     if (isTproxyStyle(kind_) && (seen->local != want || !seen->soOriginalDst.empty()))
       fails.push_back(how + ": expected TPROXY-style delivery (local address " + want + ", no conntrack NAT)");
     if (baseCase(kind_) == CaseKind::SluiceSocket) {
-      // Outbound: connect() was sent to the proxy at the pod's address and
-      // SO_ORIGINAL_DST answers; inbound: the socket lookup handed the
-      // connection over with its addresses (no NAT, no SO_ORIGINAL_DST).
+      // Outbound: connect() was sent to the proxy on loopback (IPv4: an
+      // address of 127.1.0.0/16 chosen by the destination), from the pod's
+      // address, and SO_ORIGINAL_DST answers; inbound: the socket lookup
+      // handed the connection over with its addresses (no NAT, no
+      // SO_ORIGINAL_DST).
       bool out = std::string(c.listener) == "outbound";
-      if (out && (seen->local != "10.200.0.2:15001" || seen->soOriginalDst != want))
-        fails.push_back(how + ": expected connect() sent to 10.200.0.2:15001 with SO_ORIGINAL_DST " + want);
+      const bool toLoopback = seen->local.rfind("127.1.", 0) == 0 &&
+                              seen->local.size() > 6 && seen->local.compare(seen->local.size() - 6, 6, ":15001") == 0;
+      if (out && (!toLoopback || seen->soOriginalDst != want))
+        fails.push_back(how + ": expected connect() sent to 127.1.x.y:15001 with SO_ORIGINAL_DST " + want);
       if (!out && (seen->local != want || !seen->soOriginalDst.empty()))
         fails.push_back(how + ": expected the socket lookup's hand-over (local address " + want + ")");
     }

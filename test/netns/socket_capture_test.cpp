@@ -152,14 +152,15 @@ TEST_P(SocketCapture, BoundSourceAddressAndPortAreKept) {
   EXPECT_EQ(peerOf(c->get()).str(), srv->local().str());
 }
 
-// Every outbound connection of a pod goes to the one proxy address, so they
-// share one space of ephemeral ports, and a connection the app closes first
-// holds its port in TIME_WAIT. Over loopback the kernel reuses such a port
-// after a second (net.ipv4.tcp_tw_reuse = 2, the default); at the pod's own
-// address it would be held for 60 s. Here the pod has 10 ports: 10
-// connections the app closes, then 10 more within seconds, each from the
-// pod's address. (The proxy's own connections to the servers get a port
-// space per server: ten servers.)
+// A connection the app closes first holds its port in TIME_WAIT for its
+// destination, here the proxy's: over loopback the kernel reuses such a port
+// after a second (net.ipv4.tcp_tw_reuse = 2, the default); sent to the pod's
+// own address it would be held for 60 s. IPv6 has one loopback address, so
+// every connection of the pod shares its ports; IPv4 has a loopback address
+// (a port space) per destination. Here the pod has 10 ports: 10 connections
+// the app closes, then 10 more within seconds, each from the pod's address.
+// (The proxy's own connections to the servers get a port space per server:
+// ten servers.)
 //
 //   pod app, ports 40000-40009 --x10--> lo:15001 (proxy) --> node servers x10
 //   app closes first: 10 ports in TIME_WAIT ... 10 new connections
@@ -206,6 +207,70 @@ TEST_P(SocketCapture, PortsOfClosedConnectionsAreReusedWithinSeconds) {
   std::cout << "[ info     ] connect() found every port held " << held << " time(s) before the kernel reused one\n";
   for (const auto& srv : servers) EXPECT_EQ(srv->accepted(), 2u);
   EXPECT_EQ(h_->events("outbound").size(), 2u * kPorts);
+}
+
+// Two connections of the app from the same address and port to different
+// destinations, open at once (each destination has a port space of its own
+// over IPv4, as under REDIRECT): the proxy's SO_ORIGINAL_DST tells them
+// apart. Here the test is the proxy: it accepts both only after both
+// connected, so neither entry is read before the other is filed.
+//
+//   pod app podIP:P --> 192.0.2.1:80 --\
+//   pod app podIP:P --> 192.0.2.k:80 ---> lo:15001 (test) SO_ORIGINAL_DST x2
+TEST_P(SocketCapture, ConnectionsSharingASourcePortKeepTheirOriginalDestinations) {
+  if (family() != AF_INET)
+    GTEST_SKIP() << "IPv6 has one loopback address (::1): every destination shares one port space, so two "
+                    "connections of a pod never share a source port";
+  enrollWithProxy();
+  h_->stopStandIn();
+  auto proxy = socketIn(h_->pod(), AF_INET, SOCK_STREAM);
+  ASSERT_TRUE(proxy.ok()) << proxy.error().message;
+  const int one = 1;
+  ASSERT_EQ(::setsockopt(proxy->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
+  const Endpoint proxyAt = Endpoint::any(AF_INET, 15001);
+  ASSERT_EQ(::bind(proxy->get(), proxyAt.raw(), proxyAt.len), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(proxy->get(), 8), 0) << std::strerror(errno);
+
+  const uint16_t port = 40123;
+  auto appSocket = [&]() -> Result<Fd> {
+    auto fd = socketIn(h_->pod(), AF_INET, SOCK_STREAM);
+    SLUICE_TRY(fd);
+    if (::setsockopt(fd->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0)
+      return Error::fromErrno(errno, "SO_REUSEADDR");
+    const Endpoint self = podEp(port);
+    if (::bind(fd->get(), self.raw(), self.len) != 0) return Error::fromErrno(errno, "bind " + self.str());
+    return fd;
+  };
+  std::vector<std::pair<Fd, Endpoint>> apps;
+  // Two destinations whose loopback addresses differ (one of 65,536 pairs
+  // shares one: the second connect() then finds the 4-tuple taken).
+  for (int k = 1; k <= 4 && apps.size() < 2; k++) {
+    const Endpoint dst = Endpoint::of("192.0.2." + std::to_string(k), 80);
+    auto fd = appSocket();
+    ASSERT_TRUE(fd.ok()) << fd.error().message;
+    if (::connect(fd->get(), dst.raw(), dst.len) != 0) {
+      ASSERT_EQ(errno, EADDRNOTAVAIL) << "connect to " << dst.str() << ": " << std::strerror(errno);
+      continue;
+    }
+    EXPECT_EQ(peerOf(fd->get()).str(), dst.str());
+    apps.emplace_back(std::move(*fd), dst);
+  }
+  ASSERT_EQ(apps.size(), 2u);
+  for (auto& [fd, dst] : apps) ASSERT_EQ(::send(fd.get(), dst.str().data(), dst.str().size(), 0), (ssize_t)dst.str().size());
+
+  for (int i = 0; i < 2; i++) {
+    Fd conn(::accept4(proxy->get(), nullptr, nullptr, SOCK_CLOEXEC));
+    ASSERT_TRUE(conn.valid()) << std::strerror(errno);
+    EXPECT_EQ(peerOf(conn.get()).str(), podEp(port).str());
+    EXPECT_EQ(localOf(conn.get()).ip().rfind("127.1.", 0), 0u) << localOf(conn.get()).str();
+    sockaddr_in orig{};
+    socklen_t len = sizeof(orig);
+    ASSERT_EQ(::getsockopt(conn.get(), SOL_IP, 80 /* SO_ORIGINAL_DST */, &orig, &len), 0) << std::strerror(errno);
+    const std::string origDst = Endpoint::fromSockaddr(reinterpret_cast<sockaddr*>(&orig), len).str();
+    auto sent = readSome(conn.get(), origDst.size());
+    ASSERT_TRUE(sent.ok()) << sent.error().message;
+    EXPECT_EQ(origDst, *sent) << "SO_ORIGINAL_DST answered another connection's destination";
+  }
 }
 
 // An app socket bound to a device (SO_BINDTODEVICE eth0) is captured too:
