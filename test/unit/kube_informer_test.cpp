@@ -190,6 +190,9 @@ void goneConverges(KubeInformer* t, TestApiServer& server, Recorder& rec, const 
   ASSERT_TRUE(server.fault({{"up", true}}).ok());
   ASSERT_TRUE(eventually([&] { return inf->stats().lists == 2; })) << inf->stats().lastError;
   EXPECT_EQ(inf->stats().gone, 1u);
+  // The list is counted when its result is in the cache, just before the
+  // handlers hear of the differences.
+  EXPECT_TRUE(eventually([&] { return rec.calls().size() >= 3; }));
   auto calls = rec.calls();
   std::sort(calls.begin(), calls.end());
   EXPECT_EQ(calls, (std::vector<std::string>{"added shop/new", "deleted shop/remove", "updated shop/change"}));
