@@ -2,7 +2,6 @@
 
 #include <arpa/inet.h>
 #include <bpf/bpf.h>
-#include <ifaddrs.h>
 #include <net/if.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
@@ -110,28 +109,21 @@ std::string formatPodAddr(const sluice_pod_addr& a) {
 }
 
 // The pod's addresses: every address of its non-loopback interfaces but
-// IPv6 link-local ones (probes go to the pod IP). Calling thread's netns.
-Result<std::vector<sluice_pod_addr>> discoverPodAddrs() {
-  struct ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return Error::fromErrno(errno, "list the pod's addresses");
+// IPv6 link-local ones (probes go to the pod IP), in the kernel's order.
+// @p links are the interfaces of @p nl's netns.
+Result<std::vector<sluice_pod_addr>> discoverPodAddrs(NetlinkSocket& nl, const std::vector<LinkInfo>& links) {
+  auto addrs = listAddrsOn(nl);
+  if (!addrs.ok()) return Error::msg("list the pod's addresses: " + addrs.error().message, addrs.error().code);
   std::vector<sluice_pod_addr> out;
-  for (auto* i = list; i; i = i->ifa_next) {
-    if (!i->ifa_addr || (i->ifa_flags & IFF_LOOPBACK)) continue;
-    sluice_pod_addr a{};
-    if (i->ifa_addr->sa_family == AF_INET) {
-      a.family = AF_INET;
-      std::memcpy(a.addr, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, 4);
-    } else if (i->ifa_addr->sa_family == AF_INET6) {
-      const auto& in6 = reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr;
-      if (IN6_IS_ADDR_LINKLOCAL(&in6)) continue;
-      a.family = AF_INET6;
-      std::memcpy(a.addr, &in6, 16);
-    } else {
-      continue;
-    }
-    out.push_back(a);
+  for (const auto& a : *addrs) {
+    auto link = std::find_if(links.begin(), links.end(), [&](const LinkInfo& l) { return l.ifindex == a.ifindex; });
+    if (link != links.end() && link->loopback) continue;
+    if (a.family == AF_INET6 && IN6_IS_ADDR_LINKLOCAL(reinterpret_cast<const in6_addr*>(a.addr))) continue;
+    sluice_pod_addr p{};
+    p.family = static_cast<uint8_t>(a.family);
+    std::memcpy(p.addr, a.addr, a.family == AF_INET ? 4 : 16);
+    out.push_back(p);
   }
-  freeifaddrs(list);
   return out;
 }
 
@@ -387,9 +379,11 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
     auto links = listLinksOn(*nl);
     SLUICE_TRY(links);
     std::vector<LinkInfo> attachTo;
+    bool loIpv6 = false;  // IPv6 on lo: the IPv6 rule and route too
     for (const auto& l : *links) {
       if (l.loopback) {
         rec.lo_ifindex = l.ifindex;
+        loIpv6 = l.ipv6;
         continue;
       }
       if (isL3OnlyKind(l.kind)) {
@@ -440,7 +434,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
       }
     }
     if (spec.nodeNetnsPath && spec.ips.empty()) {
-      auto found = discoverPodAddrs();
+      auto found = discoverPodAddrs(*nl, *links);
       SLUICE_TRY(found);
       for (const auto& a : *found) {
         if (rec.addr_count == SLUICE_MAX_POD_ADDRS) break;
@@ -452,7 +446,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
       if (rec.addr_count) {
         sockAddrs.assign(rec.addrs, rec.addrs + rec.addr_count);
       } else {
-        auto found = discoverPodAddrs();
+        auto found = discoverPodAddrs(*nl, *links);
         SLUICE_TRY(found);
         sockAddrs = *found;
       }
@@ -466,12 +460,10 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
         slot.accept_local_before = -1;
       }
       rec.tc_mode = mode == TcMode::Legacy ? SLUICE_TC_LEGACY : SLUICE_TC_TCX;
-      auto v6 = ipv6EnabledOnLink(*nl, rec.lo_ifindex);
-      SLUICE_TRY(v6);
       if (::mkdir((options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR).c_str(), 0700) != 0 && errno != EEXIST)
         return Error::fromErrno(errno, "mkdir " + options_.bpffsRoot + "/" + SLUICE_PIN_LINKS_DIR);
       if (::mkdir(pinDir.c_str(), 0700) != 0 && errno != EEXIST) return Error::fromErrno(errno, "mkdir " + pinDir);
-      Status applied = applySteps(socketSteps(id, rec, *nl, ns->get(), *v6));
+      Status applied = applySteps(socketSteps(id, rec, *nl, ns->get(), loIpv6));
       if (!applied.ok()) (void)removeTree(pinDir);
       return applied;
     }
@@ -497,10 +489,8 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
     }
 
     // Policy routing: packets with the return mark are delivered locally.
-    auto v6 = ipv6EnabledOnLink(*nl, rec.lo_ifindex);
-    SLUICE_TRY(v6);
     std::vector<int> families = {AF_INET};
-    if (*v6) families.push_back(AF_INET6);
+    if (loIpv6) families.push_back(AF_INET6);
     for (int family : families) {
       auto added = ensurePolicyRule(*nl, returnRule(settings, family));
       SLUICE_TRY(added);
@@ -1209,7 +1199,7 @@ PodCheck Datapath::inspect(const std::string& id, const sluice_pod_record& rec, 
     if (rec.capture == SLUICE_CAPTURE_SOCKET) {
       if (rec.addr_count) {
         sockAddrs.assign(rec.addrs, rec.addrs + rec.addr_count);
-      } else if (auto found = discoverPodAddrs(); found.ok()) {
+      } else if (auto found = discoverPodAddrs(*nl, *links); found.ok()) {
         sockAddrs = *found;
       }
       // The steps repair what they recorded in a copy: the registry keeps

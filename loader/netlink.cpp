@@ -3,6 +3,7 @@
 #include <linux/fib_rules.h>
 #include <linux/if_link.h>
 #include <linux/ip.h>
+#include <linux/if_addr.h>
 #include <linux/ipv6.h>
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
@@ -29,6 +30,9 @@
 #include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
+#ifndef RTEXT_FILTER_SKIP_STATS
+#define RTEXT_FILTER_SKIP_STATS (1 << 3)
+#endif
 #ifndef SOL_NETLINK
 #define SOL_NETLINK 270
 #endif
@@ -329,30 +333,124 @@ Result<std::vector<LinkInfo>> listLinks() {
   return listLinksOn(*sock);
 }
 
+namespace {
+
+// Runs a dump request of @p type with header @p hdr (and IFLA_EXT_MASK
+// @p extMask when non-zero) and hands every answer to @p each, parsed by
+// hand: libnl's caches parse every attribute of every object (link stats,
+// both families' per-interface settings), several times the cost of the
+// request itself. A dump that raced with a change (NLM_F_DUMP_INTR) is
+// repeated from the start, after @p restart.
+Status dumpEach(NetlinkSocket& sock, int type, const void* hdr, size_t hdrLen, uint32_t extMask,
+                const std::function<void(nlmsghdr*)>& each, const std::function<void()>& restart,
+                const std::string& what) {
+  constexpr int kAttempts = 5;
+  auto parse = [](nl_msg* m, void* arg) -> int {
+    (*static_cast<const std::function<void(nlmsghdr*)>*>(arg))(nlmsg_hdr(m));
+    return NL_OK;
+  };
+  Status last;
+  for (int i = 0; i < kAttempts; ++i) {
+    std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(type, NLM_F_DUMP), nlmsg_free);
+    if (!msg) return Error::msg(what + ": cannot allocate message", ENOMEM);
+    if (nlmsg_append(msg.get(), const_cast<void*>(hdr), hdrLen, NLMSG_ALIGNTO) < 0 ||
+        (extMask && nla_put_u32(msg.get(), IFLA_EXT_MASK, extMask) < 0))
+      return Error::msg(what + ": message too long", EMSGSIZE);
+    // A copy of the socket's callbacks (the error callback call() relies
+    // on included) with the parser.
+    nl_cb* base = nl_socket_get_cb(sock.get());
+    std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
+    nl_cb_put(base);
+    if (!cb) return Error::msg(what + ": cannot allocate callbacks", ENOMEM);
+    nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, const_cast<std::function<void(nlmsghdr*)>*>(&each));
+    restart();
+    int rc = 0;
+    last = sock.call(
+        [&](nl_sock* s) {
+          rc = nl_send_auto(s, msg.get());
+          if (rc < 0) return rc;
+          rc = nl_recvmsgs(s, cb.get());
+          return rc;
+        },
+        what);
+    if (last.ok() || std::abs(rc) != NLE_DUMP_INTR) return last;
+  }
+  return last;
+}
+
+// Attribute @p type of the nested attribute @p nest, or null.
+nlattr* nested(nlattr* nest, int type) {
+  return nest ? nla_find(static_cast<nlattr*>(nla_data(nest)), nla_len(nest), type) : nullptr;
+}
+
+}  // namespace
+
 Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock) {
-  auto cache = dump(
-      sock,
-      [](nl_sock* s, nl_cache** out) { return rtnl_link_alloc_cache(s, AF_UNSPEC, out); },
-      "dump links");
-  SLUICE_TRY(cache);
   std::vector<LinkInfo> links;
-  forEach<rtnl_link>(cache->get(), [&](rtnl_link* l) {
+  ifinfomsg req{};
+  req.ifi_family = AF_UNSPEC;
+  auto each = [&](nlmsghdr* h) {
+    if (h->nlmsg_type != RTM_NEWLINK || h->nlmsg_len < NLMSG_LENGTH(sizeof(ifinfomsg))) return;
+    const auto* ifi = static_cast<const ifinfomsg*>(nlmsg_data(h));
+    nlattr* tb[IFLA_MAX + 1] = {};
+    if (nlmsg_parse(h, sizeof(ifinfomsg), tb, IFLA_MAX, nullptr) < 0) return;
     LinkInfo info;
-    const char* name = rtnl_link_get_name(l);
-    info.name = name ? name : "";
-    info.ifindex = rtnl_link_get_ifindex(l);
-    unsigned flags = rtnl_link_get_flags(l);
-    info.loopback = (flags & IFF_LOOPBACK) != 0;
-    info.up = (flags & IFF_UP) != 0;
-    const char* kind = rtnl_link_get_type(l);  // IFLA_INFO_KIND, null if absent
-    info.kind = kind ? kind : "";
-    info.linkIfindex = rtnl_link_get_link(l);
-    uint32_t acceptLocal = 0;
-    if (rtnl_link_inet_get_conf(l, IPV4_DEVCONF_ACCEPT_LOCAL, &acceptLocal) == 0)
-      info.acceptLocal = static_cast<int>(acceptLocal);
+    info.ifindex = ifi->ifi_index;
+    info.loopback = (ifi->ifi_flags & IFF_LOOPBACK) != 0;
+    info.up = (ifi->ifi_flags & IFF_UP) != 0;
+    if (tb[IFLA_IFNAME]) info.name.assign(static_cast<const char*>(nla_data(tb[IFLA_IFNAME])),
+                                          strnlen(static_cast<const char*>(nla_data(tb[IFLA_IFNAME])),
+                                                  static_cast<size_t>(nla_len(tb[IFLA_IFNAME]))));
+    if (tb[IFLA_LINK] && nla_len(tb[IFLA_LINK]) >= 4) info.linkIfindex = static_cast<int>(nla_get_u32(tb[IFLA_LINK]));
+    if (nlattr* kind = nested(tb[IFLA_LINKINFO], IFLA_INFO_KIND))
+      info.kind.assign(static_cast<const char*>(nla_data(kind)),
+                       strnlen(static_cast<const char*>(nla_data(kind)), static_cast<size_t>(nla_len(kind))));
+    // IFLA_INET_CONF: u32 per setting, IPV4_DEVCONF_x at index x - 1.
+    nlattr* conf4 = nested(nested(tb[IFLA_AF_SPEC], AF_INET), IFLA_INET_CONF);
+    if (conf4 && nla_len(conf4) >= static_cast<int>(IPV4_DEVCONF_ACCEPT_LOCAL * sizeof(uint32_t))) {
+      uint32_t v = 0;
+      std::memcpy(&v, static_cast<char*>(nla_data(conf4)) + (IPV4_DEVCONF_ACCEPT_LOCAL - 1) * sizeof(uint32_t), sizeof(v));
+      info.acceptLocal = static_cast<int>(v);
+    }
+    // IFLA_INET6_CONF: s32 per setting, DEVCONF_x at index x.
+    nlattr* conf6 = nested(nested(tb[IFLA_AF_SPEC], AF_INET6), IFLA_INET6_CONF);
+    if (conf6 && nla_len(conf6) >= static_cast<int>((DEVCONF_DISABLE_IPV6 + 1) * sizeof(int32_t))) {
+      int32_t disabled = 0;
+      std::memcpy(&disabled, static_cast<char*>(nla_data(conf6)) + DEVCONF_DISABLE_IPV6 * sizeof(int32_t),
+                  sizeof(disabled));
+      info.ipv6 = disabled == 0;
+    }
     links.push_back(std::move(info));
-  });
+  };
+  SLUICE_TRY(dumpEach(sock, RTM_GETLINK, &req, sizeof(req), RTEXT_FILTER_SKIP_STATS, each, [&] { links.clear(); },
+                      "dump links"));
   return links;
+}
+
+Result<std::vector<AddrInfo>> listAddrsOn(NetlinkSocket& sock) {
+  std::vector<AddrInfo> addrs;
+  ifaddrmsg req{};
+  req.ifa_family = AF_UNSPEC;
+  auto each = [&](nlmsghdr* h) {
+    if (h->nlmsg_type != RTM_NEWADDR || h->nlmsg_len < NLMSG_LENGTH(sizeof(ifaddrmsg))) return;
+    const auto* ifa = static_cast<const ifaddrmsg*>(nlmsg_data(h));
+    if (ifa->ifa_family != AF_INET && ifa->ifa_family != AF_INET6) return;
+    nlattr* tb[IFA_MAX + 1] = {};
+    if (nlmsg_parse(h, sizeof(ifaddrmsg), tb, IFA_MAX, nullptr) < 0) return;
+    // IFA_LOCAL is the interface's own address where it differs from
+    // IFA_ADDRESS (the peer, on point-to-point links), as getifaddrs reads it.
+    nlattr* a = tb[IFA_LOCAL] ? tb[IFA_LOCAL] : tb[IFA_ADDRESS];
+    const int len = ifa->ifa_family == AF_INET ? 4 : 16;
+    if (!a || nla_len(a) < len) return;
+    AddrInfo info;
+    info.family = ifa->ifa_family;
+    info.ifindex = static_cast<int>(ifa->ifa_index);
+    info.prefixLen = ifa->ifa_prefixlen;
+    std::memcpy(info.addr, nla_data(a), static_cast<size_t>(len));
+    addrs.push_back(info);
+  };
+  SLUICE_TRY(dumpEach(sock, RTM_GETADDR, &req, sizeof(req), 0, each, [&] { addrs.clear(); }, "dump addresses"));
+  return addrs;
 }
 
 Status setAcceptLocal(NetlinkSocket& sock, int ifindex, int value) {
@@ -379,58 +477,6 @@ Status setAcceptLocal(NetlinkSocket& sock, int ifindex, int value) {
   return {};
 }
 
-Result<bool> ipv6EnabledOnLink(NetlinkSocket& sock, int ifindex) {
-  const std::string what = fmt::format("get interface #{}", ifindex);
-  struct Found {
-    bool seen = false;
-    bool enabled = false;
-  } found;
-  std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(RTM_GETLINK, 0), nlmsg_free);
-  if (!msg) return Error::msg(what + ": cannot allocate message", ENOMEM);
-  ifinfomsg ifi{};
-  ifi.ifi_family = AF_UNSPEC;
-  ifi.ifi_index = ifindex;
-  if (nlmsg_append(msg.get(), &ifi, sizeof(ifi), NLMSG_ALIGNTO) < 0)
-    return Error::msg(what + ": message too long", EMSGSIZE);
-  // libnl's link object keeps IFLA_INET6_CONF to itself, so the answer is
-  // parsed here: IFLA_AF_SPEC / AF_INET6 / IFLA_INET6_CONF is an array of
-  // s32 indexed by DEVCONF_*.
-  auto parse = [](nl_msg* m, void* arg) -> int {
-    auto* out = static_cast<Found*>(arg);
-    nlattr* tb[IFLA_MAX + 1] = {};
-    if (nlmsg_parse(nlmsg_hdr(m), sizeof(ifinfomsg), tb, IFLA_MAX, nullptr) < 0 || !tb[IFLA_AF_SPEC])
-      return NL_OK;
-    nlattr* inet6 = nla_find(static_cast<nlattr*>(nla_data(tb[IFLA_AF_SPEC])), nla_len(tb[IFLA_AF_SPEC]), AF_INET6);
-    if (!inet6) return NL_OK;
-    nlattr* conf = nla_find(static_cast<nlattr*>(nla_data(inet6)), nla_len(inet6), IFLA_INET6_CONF);
-    if (!conf || nla_len(conf) < static_cast<int>((DEVCONF_DISABLE_IPV6 + 1) * sizeof(int32_t))) return NL_OK;
-    int32_t disabled = 0;
-    std::memcpy(&disabled, static_cast<char*>(nla_data(conf)) + DEVCONF_DISABLE_IPV6 * sizeof(int32_t),
-                sizeof(disabled));
-    out->seen = true;
-    out->enabled = disabled == 0;
-    return NL_OK;
-  };
-  // A copy of the socket's callbacks (the error callback call() relies on
-  // included) with a parser for the answer; the request is answered with
-  // the link, then the ack, as libnl's own rtnl_link_get_kernel reads them.
-  nl_cb* base = nl_socket_get_cb(sock.get());
-  std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
-  nl_cb_put(base);
-  if (!cb) return Error::msg(what + ": cannot allocate callbacks", ENOMEM);
-  nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, &found);
-  SLUICE_TRY(sock.call(
-      [&](nl_sock* s) {
-        int rc = nl_send_auto(s, msg.get());
-        if (rc < 0) return rc;
-        rc = nl_recvmsgs(s, cb.get());
-        if (rc < 0) return rc;
-        return nl_wait_for_ack(s);
-      },
-      what));
-  return found.seen && found.enabled;
-}
-
 // ---- policy rules -----------------------------------------------------------
 
 Result<bool> policyRuleExists(const PolicyRule& rule) {
@@ -451,21 +497,16 @@ Status addPolicyRule(const PolicyRule& rule) {
 Result<bool> ensurePolicyRule(NetlinkSocket& sock, const PolicyRule& rule) {
   const std::string what = "add " + describe(rule);
   SLUICE_TRY(checkArgs(rule.family, rule.table, what));
-  auto exists = ruleExists(sock, rule);
-  SLUICE_TRY(exists);
-  if (*exists) {
-    spdlog::debug("{}: already present", what);
-    return false;
-  }
   auto msg = buildRule(rule);
   SLUICE_TRY(msg);
-  // Without NLM_F_EXCL the kernel happily stacks identical rules; with it, a
-  // rule added concurrently since the dump above comes back as EEXIST, which
-  // is the outcome we wanted anyway.
+  // Without NLM_F_EXCL the kernel happily stacks identical rules; with it,
+  // the kernel compares every field (its rule_exists()) and answers EEXIST
+  // when the same rule is there: one request instead of a dump of every
+  // rule of both families first, which libnl 3.7 cannot narrow.
   Status st =
       sock.call([&](nl_sock* s) { return rtnl_rule_add(s, msg->get(), NLM_F_EXCL); }, what);
   if (!st.ok() && st.error().code != EEXIST) return st.error();
-  spdlog::debug("{}", what);
+  spdlog::debug("{}{}", what, st.ok() ? "" : ": already present");
   return st.ok();
 }
 

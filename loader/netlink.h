@@ -67,6 +67,17 @@ struct LinkInfo {
   /// net.ipv4.conf.<name>.accept_local as the dump reports it
   /// (IFLA_AF_SPEC / IFLA_INET_CONF); -1 when not reported (no IPv4 on it).
   int acceptLocal = -1;
+  /// IPv6 on and enabled on it (IFLA_AF_SPEC / IFLA_INET6_CONF: its
+  /// disable_ipv6 is 0); false when not reported (IPv6 off in the kernel).
+  bool ipv6 = false;
+};
+
+/// One address of an interface as rtnetlink reports it.
+struct AddrInfo {
+  int family = 0;  ///< AF_INET or AF_INET6
+  int ifindex = 0;
+  int prefixLen = 0;
+  uint8_t addr[16] = {};  ///< network order; 4 bytes for IPv4
 };
 
 /// All interfaces in the calling thread's network namespace.
@@ -83,10 +94,10 @@ Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock);
 /// netlink does not.
 Status setAcceptLocal(NetlinkSocket& sock, int ifindex, int value);
 
-/// Whether IPv6 is enabled on interface @p ifindex (its disable_ipv6 is 0),
-/// read with RTM_GETLINK (IFLA_AF_SPEC / AF_INET6 / IFLA_INET6_CONF); false
-/// when the interface reports no IPv6 state (IPv6 off in the kernel).
-Result<bool> ipv6EnabledOnLink(NetlinkSocket& sock, int ifindex);
+/// Every IPv4 and IPv6 address in @p sock's network namespace, in the
+/// kernel's order (the interface's own address, IFA_LOCAL, where it has a
+/// peer address too).
+Result<std::vector<AddrInfo>> listAddrsOn(NetlinkSocket& sock);
 
 /// A policy routing rule "prio PRIORITY fwmark MARK/MASK lookup TABLE".
 /// The functions below reject other families (EAFNOSUPPORT) and table 0

@@ -58,11 +58,9 @@ std::vector<PodStep> socketPodSteps(const SocketPodContext& c) {
   steps.push_back(PodStep{
       "net.ipv4.tcp_fwmark_accept",
       [c]() -> Status {
-        auto now = readSysctl(kFwmarkAccept);
-        SLUICE_TRY(now);
-        if (*now == "1") return {};
-        SLUICE_TRY(writeSysctl(kFwmarkAccept, "1"));
-        c.rec->fwmark_accept_before = std::stoi(*now);
+        auto before = ensureSysctl(kFwmarkAccept, "1");
+        SLUICE_TRY(before);
+        if (*before) c.rec->fwmark_accept_before = std::stoi(**before);
         return {};
       },
       [c]() -> Status {

@@ -49,6 +49,36 @@ Result<std::string> sysctlPath(const std::string& name) {
   return "/proc/sys/" + name;
 }
 
+// The whole value of the open /proc/sys file @p fd, trimmed.
+Result<std::string> readAll(int fd, const std::string& path) {
+  std::string out;
+  char buf[4096];
+  for (;;) {
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return Error::fromErrno(errno, "read " + path);
+    }
+    if (n == 0) break;
+    out.append(buf, static_cast<size_t>(n));
+  }
+  return trim(out);
+}
+
+// Writes @p v at offset 0 of the open /proc/sys file @p fd in one call:
+// proc handlers parse each write separately (a short or split write would
+// be taken as a separate value), numeric ones only at offset 0, and reject
+// bad input here with e.g. EINVAL.
+Status writeAll(int fd, const std::string& path, const std::string& v) {
+  ssize_t n;
+  do {
+    n = ::pwrite(fd, v.data(), v.size(), 0);
+  } while (n < 0 && errno == EINTR);
+  if (n < 0) return Error::fromErrno(errno, "write \"" + v + "\" to " + path);
+  if (static_cast<size_t>(n) != v.size()) return Error::msg("write \"" + v + "\" to " + path + ": short write", EIO);
+  return {};
+}
+
 }  // namespace
 
 Result<std::string> readSysctl(const std::string& name) {
@@ -56,18 +86,7 @@ Result<std::string> readSysctl(const std::string& name) {
   SLUICE_TRY(path);
   Fd fd(::open(path->c_str(), O_RDONLY | O_CLOEXEC));
   if (!fd.valid()) return Error::fromErrno(errno, *path);
-  std::string out;
-  char buf[4096];
-  for (;;) {
-    ssize_t n = ::read(fd.get(), buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return Error::fromErrno(errno, "read " + *path);
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  return trim(out);
+  return readAll(fd.get(), *path);
 }
 
 Status writeSysctl(const std::string& name, const std::string& value) {
@@ -76,19 +95,23 @@ Status writeSysctl(const std::string& name, const std::string& value) {
   std::string v = trim(value);
   Fd fd(::open(path->c_str(), O_WRONLY | O_CLOEXEC));
   if (!fd.valid()) return Error::fromErrno(errno, *path);
-  // One write(): proc handlers parse each write separately (a short or split
-  // write would be taken as a separate value), and reject bad input here with
-  // e.g. EINVAL.
-  ssize_t n;
-  do {
-    n = ::write(fd.get(), v.data(), v.size());
-  } while (n < 0 && errno == EINTR);
-  if (n < 0) return Error::fromErrno(errno, "write \"" + v + "\" to " + *path);
-  if (static_cast<size_t>(n) != v.size()) {
-    return Error::msg("write \"" + v + "\" to " + *path + ": short write", EIO);
-  }
+  SLUICE_TRY(writeAll(fd.get(), *path, v));
   spdlog::debug("sysctl {} = {}", name, v);
   return {};
+}
+
+Result<std::optional<std::string>> ensureSysctl(const std::string& name, const std::string& value) {
+  auto path = sysctlPath(name);
+  SLUICE_TRY(path);
+  std::string v = trim(value);
+  Fd fd(::open(path->c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) return Error::fromErrno(errno, *path);
+  auto before = readAll(fd.get(), *path);
+  SLUICE_TRY(before);
+  if (*before == v) return std::optional<std::string>();
+  SLUICE_TRY(writeAll(fd.get(), *path, v));
+  spdlog::debug("sysctl {} = {} (was {})", name, v, *before);
+  return std::optional<std::string>(*before);
 }
 
 Result<bool> ipv6EnabledOnLoopback() {

@@ -1,6 +1,7 @@
 // Network namespace, netlink and sysctl helpers against real namespaces.
 // Needs root; every test gets a fresh namespace that is deleted afterwards,
 // whether the test passes or not.
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -10,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -396,6 +398,39 @@ TEST_F(Netlink, PolicyRuleMatchesOnlyExactRule) {
   EXPECT_EQ(countOf(out.output, "fwmark 0x111/0xfff lookup 101"), 1) << out.output;
 }
 
+// ensurePolicyRule says whether it added the rule (an enrollment's undo
+// deletes only what it added): a near miss (another priority, mask or
+// table) does not count as the rule, the same rule does, whoever made it.
+TEST_F(Netlink, EnsurePolicyRuleSaysWhetherItAdded) {
+  for (const char* other : {"prio 102 fwmark 0x111/0xfff lookup 100", "prio 101 fwmark 0x111/0xff lookup 100",
+                            "prio 101 fwmark 0x111/0xfff lookup 101"}) {
+    auto r = ns_->ip(std::string("rule add ") + other);
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const PolicyRule rule{AF_INET, 0x111, 0xfff, 101, 100};
+  auto ensure = [&] {
+    return ns_->get<bool>([&]() -> Result<bool> {
+      auto sock = NetlinkSocket::open();
+      SLUICE_TRY(sock);
+      return ensurePolicyRule(*sock, rule);
+    });
+  };
+  auto first = ensure();
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_TRUE(*first) << "a near miss was taken for the rule";
+  auto second = ensure();
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  EXPECT_FALSE(*second) << "the rule was there already";
+  auto out = ns_->ip("rule");
+  EXPECT_EQ(countOf(out.output, "101:\tfrom all fwmark 0x111/0xfff lookup 100"), 1) << out.output;
+  ASSERT_TRUE(ns_->run([&] { return deletePolicyRule(rule); }).ok());
+  auto r = ns_->ip("rule add prio 101 fwmark 0x111/0xfff lookup 100");
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto third = ensure();
+  ASSERT_TRUE(third.ok()) << third.error().message;
+  EXPECT_FALSE(*third) << "iproute2's rule is the same rule";
+}
+
 TEST_F(Netlink, DeletePolicyRuleRemovesDuplicates) {
   // Current iproute2 adds rules with NLM_F_EXCL, so stack two identical ones
   // the way older tools did: through libnl without it.
@@ -644,6 +679,64 @@ TEST_F(Netlink, ListLinksVethPeerInOtherNamespace) {
   EXPECT_NE(a->ifindex, b->ifindex);
 }
 
+// The link dump reads each interface's accept_local and whether IPv6 is on
+// (the enrollment takes both from it instead of asking again).
+TEST_F(Netlink, ListLinksReportsAcceptLocalAndIpv6) {
+  auto r = ns_->ip("link add name a type veth peer name b");
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_TRUE(ns_->run([] { return writeSysctl("net/ipv4/conf/a/accept_local", "1"); }).ok());
+  auto v6b = ns_->run([] { return writeSysctl("net/ipv6/conf/b/disable_ipv6", "1"); });
+  auto links = ns_->get<std::vector<LinkInfo>>(listLinks);
+  ASSERT_TRUE(links.ok()) << links.error().message;
+  const LinkInfo* a = findLink(*links, "a");
+  const LinkInfo* b = findLink(*links, "b");
+  ASSERT_NE(a, nullptr);
+  ASSERT_NE(b, nullptr);
+  EXPECT_EQ(a->acceptLocal, 1);
+  EXPECT_EQ(b->acceptLocal, 0);
+  if (!v6b.ok()) GTEST_SKIP() << "no IPv6 here (" << v6b.error().message << "): the IPv6 half is not checked";
+  EXPECT_TRUE(a->ipv6);
+  EXPECT_FALSE(b->ipv6);
+}
+
+// Every address in the kernel's order, the interface's own one where it has
+// a peer; the caller filters (loopback, link-local).
+TEST_F(Netlink, ListAddrsReportsEachInterfacesOwnAddresses) {
+  auto r = ns_->ip("link add name a type veth peer name b");
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(ns_->ip("link set dev lo up").status, 0);
+  ASSERT_EQ(ns_->ip("addr add 10.77.0.2/24 dev a").status, 0);
+  ASSERT_EQ(ns_->ip("addr add 10.78.0.1 peer 10.78.0.9/32 dev b").status, 0);
+  const bool v6 = ns_->ip("-6 addr add fd77::2/64 dev a nodad").status == 0;
+  auto addrs = ns_->get<std::vector<AddrInfo>>([]() -> Result<std::vector<AddrInfo>> {
+    auto sock = NetlinkSocket::open();
+    SLUICE_TRY(sock);
+    return listAddrsOn(*sock);
+  });
+  ASSERT_TRUE(addrs.ok()) << addrs.error().message;
+  auto text = [](const AddrInfo& x) {
+    char buf[INET6_ADDRSTRLEN] = {};
+    inet_ntop(x.family, x.addr, buf, sizeof(buf));
+    return std::string(buf) + "/" + std::to_string(x.prefixLen);
+  };
+  auto links = ns_->get<std::vector<LinkInfo>>(listLinks);
+  ASSERT_TRUE(links.ok()) << links.error().message;
+  std::vector<std::string> seen;
+  for (const auto& x : *addrs) {
+    const LinkInfo* on = nullptr;
+    for (const auto& l : *links)
+      if (l.ifindex == x.ifindex) on = &l;
+    ASSERT_NE(on, nullptr) << text(x) << " on an unknown interface #" << x.ifindex;
+    seen.push_back(on->name + " " + text(x));
+  }
+  std::vector<std::string> want = {"lo 127.0.0.1/8", "a 10.77.0.2/24", "b 10.78.0.1/32"};
+  if (v6) want.insert(want.begin() + 1, "lo ::1/128");
+  for (const auto& w : want)
+    EXPECT_NE(std::find(seen.begin(), seen.end(), w), seen.end()) << w << " missing; seen: " << ::testing::PrintToString(seen);
+  if (v6) EXPECT_NE(std::find(seen.begin(), seen.end(), "a fd77::2/64"), seen.end()) << ::testing::PrintToString(seen);
+  EXPECT_EQ(std::find(seen.begin(), seen.end(), "b 10.78.0.9/32"), seen.end()) << "the peer address was taken for b's own";
+}
+
 // ---- Sysctl -----------------------------------------------------------------
 
 TEST_F(Sysctl, WriteInNetnsLeavesHostUntouched) {
@@ -700,6 +793,38 @@ TEST_F(Sysctl, InvalidValueFails) {
   EXPECT_EQ(st.error().code, EINVAL);
   EXPECT_EQ(st.error().message,
             "write \"banana\" to /proc/sys/net/ipv4/ip_forward: Invalid argument");
+}
+
+// One open reads and, when it differs, writes: the value before comes back
+// when it changed, nothing when it was already so; a bad value or a missing
+// file fails as writeSysctl does, and changes nothing.
+TEST_F(Sysctl, EnsureWritesOnlyWhatDiffersAndSaysWhatWasThere) {
+  const std::string name = "net/ipv4/tcp_fwmark_accept";
+  auto first = ns_->get<std::optional<std::string>>([&] { return ensureSysctl(name, "1\n"); });
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  ASSERT_TRUE(first->has_value()) << "a new netns has tcp_fwmark_accept 0";
+  EXPECT_EQ(**first, "0");
+  auto now = ns_->get<std::string>([&] { return readSysctl(name); });
+  ASSERT_TRUE(now.ok()) << now.error().message;
+  EXPECT_EQ(*now, "1");
+  auto again = ns_->get<std::optional<std::string>>([&] { return ensureSysctl(name, "1"); });
+  ASSERT_TRUE(again.ok()) << again.error().message;
+  EXPECT_FALSE(again->has_value()) << "already 1, yet reported as changed from " << **again;
+
+  auto bad = ns_->get<std::optional<std::string>>([] { return ensureSysctl("net/ipv4/ip_forward", "banana"); });
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, EINVAL);
+  EXPECT_EQ(bad.error().message, "write \"banana\" to /proc/sys/net/ipv4/ip_forward: Invalid argument");
+  auto forward = ns_->get<std::string>([] { return readSysctl("net/ipv4/ip_forward"); });
+  ASSERT_TRUE(forward.ok()) << forward.error().message;
+  EXPECT_EQ(*forward, "0");
+
+  const std::string missing = "net/ipv4/conf/sluicenone0/accept_local";
+  auto gone = ns_->get<std::optional<std::string>>([&] { return ensureSysctl(missing, "1"); });
+  ASSERT_FALSE(gone.ok());
+  EXPECT_EQ(gone.error().code, ENOENT);
+  EXPECT_EQ(gone.error().message, "/proc/sys/" + missing + ": No such file or directory");
+  EXPECT_EQ(ensureSysctl("../x", "1").error().code, EINVAL);
 }
 
 TEST_F(Sysctl, RejectsNamesOutsideProcSys) {
