@@ -47,6 +47,7 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SLUICE_SOL_IPV6 41
 #define SLUICE_SO_ORIGINAL_DST 80 /* = IP6T_SO_ORIGINAL_DST */
 #define SLUICE_LOOPBACK_IFINDEX 1  /* lo is ifindex 1 in every netns */
+#define SLUICE_PROXY_LO_NET 0x7f010000u /* 127.1.0.0/16, host order: captured IPv4 goes to the proxy there */
 
 /* The settings and the pod of a sock_addr program's socket. */
 struct sctx {
@@ -119,7 +120,7 @@ static __always_inline __u32 loopback_for(const struct sa_addr *d)
 {
 	__u32 h = bpf_ntohl(d->a[0]) * 0x9e3779b1u ^ (__u32)bpf_ntohs(d->port) * 0x85ebca6bu;
 
-	return bpf_htonl(0x7f010000u | ((h ^ (h >> 16)) & 0xffffu));
+	return bpf_htonl(SLUICE_PROXY_LO_NET | ((h ^ (h >> 16)) & 0xffffu));
 }
 
 /* The orig_dst key's proxy_lo for a connection's proxy end @x (the app
@@ -129,7 +130,7 @@ static __always_inline __u16 proxy_lo_of(const struct sa_addr *x)
 {
 	__u32 a = bpf_ntohl(x->a[0]);
 
-	if (x->family != AF_INET || (a & 0xffff0000u) != 0x7f010000u)
+	if (x->family != AF_INET || (a & 0xffff0000u) != SLUICE_PROXY_LO_NET)
 		return 0;
 	return a & 0xffffu;
 }
@@ -157,16 +158,17 @@ static __always_inline void capture_target(struct bpf_sock_addr *ctx, const stru
 	struct sa_addr bound;
 	__u32 dev = sk->bound_dev_if, port = sk->src_port;
 	__u8 family = d->family;
+	int has_addr; /* bound to an address of the family (never loopback: pod_connect left those) */
 
 	sa_read_bound(sk, &bound);
-	if (!dev && ((bound.family == family && !sa_is_any(&bound)) ||
-		     (sa_is_any(&bound) && !port && bind_pod_source(ctx, c, family, v6)))) {
+	has_addr = bound.family == family && !sa_is_any(&bound);
+	if (!dev && (has_addr || (sa_is_any(&bound) && !port && bind_pod_source(ctx, c, family, v6)))) {
 		sa_set_loopback(to, family);
 		if (family == AF_INET)
 			to[0] = loopback_for(d);
 		return;
 	}
-	if (bound.family == family && !sa_is_any(&bound) && !sa_is_loopback(&bound)) {
+	if (has_addr) {
 		__builtin_memcpy(to, bound.a, 16);
 		return;
 	}
