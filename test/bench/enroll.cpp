@@ -21,6 +21,7 @@
 
 #include "loader/netns.h"
 #include "loader/sock_hooks.h"
+#include "loader/sysctl.h"
 #include "loader/tc.h"
 #include "test/common/agent_process.h"
 #include "userspace/standin/node_proxy.h"
@@ -128,6 +129,13 @@ Result<std::unique_ptr<PodFarm>> PodFarm::create(int pods) {
   return f;
 }
 
+Status PodFarm::cniChainBefore(int i) const {
+  if (bare) return {};
+  auto ns = openNetns(path(i));
+  SLUICE_TRY(ns);
+  return runInNetns(ns->get(), [] { return writeSysctl("net/ipv4/conf/eth0/arp_notify", "1"); });
+}
+
 std::string PodFarm::address(int i) { return "10.222." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1); }
 
 PodFarm::~PodFarm() {
@@ -193,6 +201,10 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
     for (auto& p : paths) {
       if (!p->farm) continue;
       PathTimes& t = p->times;
+      if (Status before = p->farm->cniChainBefore(i); !before.ok()) {
+        t.fail("the CNI chain before pod " + std::to_string(i) + ": " + before.error().message);
+        continue;
+      }
       if (isSluice(t.kind)) {
         PodSpec spec;
         spec.netnsPath = p->farm->path(i);
@@ -424,6 +436,10 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
         res.fail(in.error().message);
         continue;
       }
+      if (Status before = (*farm)->cniChainBefore(i); !before.ok()) {
+        res.fail("the CNI chain before pod " + std::to_string(i) + ": " + before.error().message);
+        continue;
+      }
       auto r = spawnWaitEnv({cniBin}, env("ADD", i), *in);
       if (r.exitCode != 0) {
         res.fail(r.describe("sluice-cni ADD"));
@@ -540,6 +556,10 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     PodSpec spec;
     spec.netnsPath = (*farm)->path(i);
     spec.id = (*farm)->name(i);
+    if (Status before = (*farm)->cniChainBefore(i); !before.ok()) {
+      res.fail("the CNI chain before pod " + std::to_string(i) + ": " + before.error().message);
+      continue;
+    }
     Result<PodInfo> info = Error::msg("not run");
     double ms = timeMs([&] { info = (*dp)->addPod(spec); });
     if (!info.ok()) {

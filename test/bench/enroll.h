@@ -30,6 +30,16 @@ class PodFarm {
   std::string nodePath() const { return "/run/netns/" + node_; }
   /// Pod i's eth0 address.
   static std::string address(int i);
+  /// What the CNI plugins before sluice's in a chain leave in pod i's netns
+  /// just before it is enrolled: the `bridge` plugin writes
+  /// net.ipv4.conf.eth0.arp_notify (and IPv6's accept_dad) there, so the
+  /// pod's /proc/sys/net has been looked up once. The kernel's first such
+  /// lookup in a netns compares the entry of every other netns that has
+  /// one, which a later lookup in the same netns does not
+  /// (docs/benchmarks.md). Not timed. Nothing when `bare`.
+  Status cniChainBefore(int i) const;
+  /// --bare-netns: pods as `ip netns add` leaves them (no plugin ran).
+  static inline bool bare = false;
 
  private:
   PodFarm() = default;

@@ -74,6 +74,9 @@ each figure is printed beside its case without XDP.
   --dns-concurrency N   DNS queries in flight (16)
   --pods N              pods per path for enroll/removal times (200)
   --scale-pods N        pods enrolled for the scale test (1000)
+  --bare-netns          enroll pods as `ip netns add` leaves them; by default each
+                        pod's /proc/sys/net is first written once, untimed, as the
+                        CNI plugins before sluice's in a chain do (bridge)
   --kube-pods N         running pods of the namespace labelled at once (250)
   --cli-pods N          pods added/removed with the sluicectl process (20)
   --bpf-duration S      seconds per workload with BPF run-time stats on (1)
@@ -357,6 +360,7 @@ int parseArgs(int argc, char** argv, Config& c) {
     else if (o == "--json") c.jsonPath = val();
     else if (o == "--chart") c.chartPath = val();
     else if (o == "--no-pin") c.pin = false;
+    else if (o == "--bare-netns") PodFarm::bare = true;
     else if (o == "--rr-cpu") {
       std::string v = val();
       if (v != "same" && v != "other") throw std::invalid_argument("--rr-cpu: same or other");

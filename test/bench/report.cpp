@@ -56,6 +56,12 @@ const char* color(CaseKind k) {
   return "#000";
 }
 
+// What a pod's netns had been through before its enrollment.
+std::string podModel() {
+  return PodFarm::bare ? "  (--bare-netns: no /proc/sys/net lookup in a pod's netns before its enrollment)\n"
+                       : "  (each pod's /proc/sys/net written once just before, untimed, as the bridge CNI plugin does)\n";
+}
+
 std::string ratioText(double r) { return std::isnan(r) ? "-" : fmtNum(r) + "x"; }
 
 std::string pad(const std::string& s, size_t w, bool right = true) {
@@ -521,7 +527,8 @@ void printReport(const Results& r, std::ostream& out) {
   }
 
   if (r.enroll) {
-    out << "Pod enrollment: " << r.enroll->pods << " pods per path, fresh netns each, paths interleaved; ms\n";
+    out << "Pod enrollment: " << r.enroll->pods << " pods per path, fresh netns each, paths interleaved; ms\n"
+        << podModel();
     out << pad("path", 32, false) << pad("add p50", 10) << pad("add p99", 10) << pad("remove p50", 12)
         << pad("remove p99", 12) << "   checks\n";
     for (const auto& p : r.enroll->paths) {
@@ -574,7 +581,7 @@ void printReport(const Results& r, std::ostream& out) {
   for (const auto& s : r.scales) {
     size_t n = s.addMs.size();
     size_t g = std::min<size_t>(100, std::max<size_t>(1, n / 5));
-    out << "Scale: " << s.pods << " pods enrolled in one Datapath (" << s.mode << "), ms\n";
+    out << "Scale: " << s.pods << " pods enrolled in one Datapath (" << s.mode << "), ms\n" << podModel();
     if (n >= g) {
       out << "  enroll  first " << g << ": p50 " << fmtNum(sliceMedian(s.addMs, 0, g)) << " p99 "
           << fmtNum(slicePercentile(s.addMs, 0, g, 99)) << "; last " << g << ": p50 "
