@@ -86,7 +86,13 @@ class Crafted : public ::testing::TestWithParam<CraftedParam> {
     podMac_ = *podMac;
     nodeMac_ = *nodeMac;
     // Answers to the attacker's address leave on the veth (and are dropped
-    // by the other side, which does not forward).
+    // by the other side, which does not forward). A new netns takes IPv4's
+    // forwarding from the host's (net.core.devconf_inherit_init_net 0, the
+    // default), which a node (or the bridge CNI plugin) sets to 1: off here.
+    for (const TestNetns* ns : {&h_->pod(), &h_->node()}) {
+      Status off = ns->setSysctl("net/ipv4/ip_forward", "0");
+      ASSERT_TRUE(off.ok()) << off.error().message;
+    }
     for (auto [ns, dev, mac] : {std::tuple{&h_->pod(), "eth0", &nodeMac_}, std::tuple{&h_->node(), "vethpod", &podMac_}}) {
       char m[32];
       const Mac& a = *mac;

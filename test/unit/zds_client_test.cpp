@@ -174,7 +174,9 @@ TEST_F(ZdsClient, ReadErrorsAreAnsweredThenTheConnectionIsMadeAgain) {
   EXPECT_TRUE(seen().empty());
   auto ev = events();
   EXPECT_EQ(std::count_if(ev.begin(), ev.end(), [](const std::string& e) { return e.rfind("read-error: ", 0) == 0; }), 6);
-  EXPECT_TRUE(eventually([&] { return client_->connected() && test::openFdCount() == before; }))
+  // A leak shows as more fds than before; fewer is a descriptor some other
+  // thread held only for a moment when `before` was counted.
+  EXPECT_TRUE(eventually([&] { return client_->connected() && test::openFdCount() <= before; }))
       << test::openFdCount() << " fds open, " << before << " before";
 }
 
