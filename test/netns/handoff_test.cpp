@@ -296,14 +296,6 @@ TEST_P(HandOff, ErrorAckFailsTheAddAndLeavesNothing) {
 // and opens its listeners beside the old one's (SO_REUSEPORT), then the old
 // one stops. Traffic of every pod flows throughout.
 TEST_P(HandOff, AgentAndNodeProxyRestartsLoseNothing) {
-  // Quarantined where it fails for a reason not yet understood (and only
-  // there): at TC (legacy) under emulation, about one connection in a few
-  // thousand of the loop is reset, without anything failing at the proxy or
-  // changing at the restart (docs/redirection.md, "Known, not understood").
-  // It runs strict everywhere else, this variant included on 6.18.
-  if (mode() == TcMode::Legacy && scaledBound(std::chrono::milliseconds(1)) > std::chrono::milliseconds(1))
-    GTEST_SKIP() << "quarantined under emulation (SLUICE_TEST_TIME_SCALE set): a rare TC-mode reset not yet "
-                    "understood, docs/redirection.md 'Known, not understood'";
   startAgent();
   NodeProxyStandIn& first = startProxy();
   std::vector<std::unique_ptr<Pod>> pods;
@@ -314,12 +306,21 @@ TEST_P(HandOff, AgentAndNodeProxyRestartsLoseNothing) {
   }
   std::atomic<bool> stop{false};
   std::atomic<int> phase{0};
+  // The phase of the connection the loop is making: a connection counts in
+  // the phase it began in, so the node proxy's replacement waits until
+  // the loop has begun one in phase 1 (the one of phase 0 in flight has
+  // ended). Otherwise, where the old proxy goes first (before Linux 6.6),
+  // it could reset a phase-0 connection still in flight and count it
+  // against the agent's restart (seen under emulation, where a connection
+  // takes long enough).
+  std::atomic<int> loopPhase{0};
   std::atomic<size_t> ok[2] = {0, 0};
   std::vector<std::string> failures[2];
   std::thread loop([&] {
     while (!stop)
       for (auto& p : pods) {
         int ph = phase;
+        loopPhase = ph;
         Status st = p->connectOut();
         if (st.ok())
           ok[ph]++;
@@ -341,6 +342,7 @@ TEST_P(HandOff, AgentAndNodeProxyRestartsLoseNothing) {
     EXPECT_NE(e.type, "proxy-stopped") << "the snapshot named another netns for " << e.uid << ": proxy restarted";
   pause();
   phase = 1;
+  EXPECT_TRUE(eventually([&] { return loopPhase == 1; }, 5s)) << "the connection loop is stuck";
   // The node proxy is replaced: the new one first, then the old one goes.
   // Before Linux 6.6 the stand-in runs without SO_REUSEPORT (the TC path
   // cannot assign such listeners), so the new one could not bind beside
