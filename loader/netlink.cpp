@@ -383,6 +383,13 @@ nlattr* nested(nlattr* nest, int type) {
   return nest ? nla_find(static_cast<nlattr*>(nla_data(nest)), nla_len(nest), type) : nullptr;
 }
 
+// A string attribute's text (up to its NUL or its end); empty when absent.
+std::string attrString(const nlattr* attr) {
+  if (!attr) return "";
+  const auto* text = static_cast<const char*>(nla_data(attr));
+  return std::string(text, strnlen(text, static_cast<size_t>(nla_len(attr))));
+}
+
 }  // namespace
 
 Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock) {
@@ -398,13 +405,9 @@ Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock) {
     info.ifindex = ifi->ifi_index;
     info.loopback = (ifi->ifi_flags & IFF_LOOPBACK) != 0;
     info.up = (ifi->ifi_flags & IFF_UP) != 0;
-    if (tb[IFLA_IFNAME]) info.name.assign(static_cast<const char*>(nla_data(tb[IFLA_IFNAME])),
-                                          strnlen(static_cast<const char*>(nla_data(tb[IFLA_IFNAME])),
-                                                  static_cast<size_t>(nla_len(tb[IFLA_IFNAME]))));
+    info.name = attrString(tb[IFLA_IFNAME]);
     if (tb[IFLA_LINK] && nla_len(tb[IFLA_LINK]) >= 4) info.linkIfindex = static_cast<int>(nla_get_u32(tb[IFLA_LINK]));
-    if (nlattr* kind = nested(tb[IFLA_LINKINFO], IFLA_INFO_KIND))
-      info.kind.assign(static_cast<const char*>(nla_data(kind)),
-                       strnlen(static_cast<const char*>(nla_data(kind)), static_cast<size_t>(nla_len(kind))));
+    info.kind = attrString(nested(tb[IFLA_LINKINFO], IFLA_INFO_KIND));
     // IFLA_INET_CONF: u32 per setting, IPV4_DEVCONF_x at index x - 1.
     nlattr* conf4 = nested(nested(tb[IFLA_AF_SPEC], AF_INET), IFLA_INET_CONF);
     if (conf4 && nla_len(conf4) >= static_cast<int>(IPV4_DEVCONF_ACCEPT_LOCAL * sizeof(uint32_t))) {

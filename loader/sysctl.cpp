@@ -114,13 +114,4 @@ Result<std::optional<std::string>> ensureSysctl(const std::string& name, const s
   return std::optional<std::string>(*before);
 }
 
-Result<bool> ipv6EnabledOnLoopback() {
-  auto value = readSysctl("net/ipv6/conf/lo/disable_ipv6");
-  if (!value.ok()) {
-    if (value.error().code == ENOENT) return false;
-    return value.error();
-  }
-  return *value == "0";
-}
-
 }  // namespace sluice

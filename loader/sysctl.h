@@ -25,9 +25,4 @@ Status writeSysctl(const std::string& name, const std::string& value);
 /// nullopt when it was already @p value. Same naming rules as readSysctl.
 Result<std::optional<std::string>> ensureSysctl(const std::string& name, const std::string& value);
 
-/// Whether IPv6 is enabled on lo in the calling thread's network namespace:
-/// net/ipv6/conf/lo/disable_ipv6 reads "0". A missing file (IPv6 disabled
-/// at boot or not built) means false.
-Result<bool> ipv6EnabledOnLoopback();
-
 }  // namespace sluice

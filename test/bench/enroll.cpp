@@ -131,9 +131,14 @@ Result<std::unique_ptr<PodFarm>> PodFarm::create(int pods) {
 
 Status PodFarm::cniChainBefore(int i) const {
   if (bare) return {};
-  auto ns = openNetns(path(i));
-  SLUICE_TRY(ns);
-  return runInNetns(ns->get(), [] { return writeSysctl("net/ipv4/conf/eth0/arp_notify", "1"); });
+  Status st = [&]() -> Status {
+    auto ns = openNetns(path(i));
+    SLUICE_TRY(ns);
+    return runInNetns(ns->get(), [] { return writeSysctl("net/ipv4/conf/eth0/arp_notify", "1"); });
+  }();
+  if (!st.ok())
+    return Error::msg("the CNI chain before pod " + std::to_string(i) + ": " + st.error().message, st.error().code);
+  return {};
 }
 
 std::string PodFarm::address(int i) { return "10.222." + std::to_string(i / 250) + "." + std::to_string(i % 250 + 1); }
@@ -202,7 +207,7 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       if (!p->farm) continue;
       PathTimes& t = p->times;
       if (Status before = p->farm->cniChainBefore(i); !before.ok()) {
-        t.fail("the CNI chain before pod " + std::to_string(i) + ": " + before.error().message);
+        t.fail(before.error().message);
         continue;
       }
       if (isSluice(t.kind)) {
@@ -437,7 +442,7 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
         continue;
       }
       if (Status before = (*farm)->cniChainBefore(i); !before.ok()) {
-        res.fail("the CNI chain before pod " + std::to_string(i) + ": " + before.error().message);
+        res.fail(before.error().message);
         continue;
       }
       auto r = spawnWaitEnv({cniBin}, env("ADD", i), *in);
@@ -557,7 +562,7 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     spec.netnsPath = (*farm)->path(i);
     spec.id = (*farm)->name(i);
     if (Status before = (*farm)->cniChainBefore(i); !before.ok()) {
-      res.fail("the CNI chain before pod " + std::to_string(i) + ": " + before.error().message);
+      res.fail(before.error().message);
       continue;
     }
     Result<PodInfo> info = Error::msg("not run");

@@ -36,7 +36,8 @@ class PodFarm {
   /// pod's /proc/sys/net has been looked up once. The kernel's first such
   /// lookup in a netns compares the entry of every other netns that has
   /// one, which a later lookup in the same netns does not
-  /// (docs/benchmarks.md). Not timed. Nothing when `bare`.
+  /// (docs/benchmarks.md). Not timed. Nothing when `bare`. A failure says
+  /// which pod ("the CNI chain before pod N: ...").
   Status cniChainBefore(int i) const;
   /// --bare-netns: pods as `ip netns add` leaves them (no plugin ran).
   static inline bool bare = false;
