@@ -47,7 +47,6 @@ char LICENSE[] SEC("license") = "Dual BSD/GPL";
 #define SLUICE_SOL_IPV6 41
 #define SLUICE_SO_ORIGINAL_DST 80 /* = IP6T_SO_ORIGINAL_DST */
 #define SLUICE_LOOPBACK_IFINDEX 1  /* lo is ifindex 1 in every netns */
-#define SLUICE_PROXY_LO_NET 0x7f010000u /* 127.1.0.0/16, host order: captured IPv4 goes to the proxy there */
 
 /* The settings and the pod of a sock_addr program's socket. */
 struct sctx {
@@ -113,26 +112,71 @@ static __always_inline int bind_pod_source(struct bpf_sock_addr *ctx, const stru
 	}
 }
 
-/* The loopback address a captured IPv4 connection is sent to: one of
- * 127.1.0.0/16 chosen by its original destination, so that each destination
- * keeps a port space of its own, as it does under REDIRECT. */
+/* A hash of a captured connection's original destination (address and
+ * port), which picks its place on loopback (maps/sluice_maps.h): each
+ * destination keeps a port space of its own, as it does under REDIRECT. */
+static __always_inline __u32 dest_hash(const struct sa_addr *d)
+{
+	__u32 h = bpf_ntohl(d->a[0] ^ d->a[1] ^ d->a[2] ^ d->a[3]) * 0x9e3779b1u ^
+		  (__u32)bpf_ntohs(d->port) * 0x85ebca6bu;
+
+	return h ^ (h >> 16);
+}
+
+/* IPv4: the address in 127.1.0.0/16. */
 static __always_inline __u32 loopback_for(const struct sa_addr *d)
 {
-	__u32 h = bpf_ntohl(d->a[0]) * 0x9e3779b1u ^ (__u32)bpf_ntohs(d->port) * 0x85ebca6bu;
+	return bpf_htonl(SLUICE_PROXY_LO_NET | (dest_hash(d) & 0xffffu));
+}
 
-	return bpf_htonl(SLUICE_PROXY_LO_NET | ((h ^ (h >> 16)) & 0xffffu));
+/* IPv6: the port of [::1] (host order). */
+static __always_inline __u16 loopback_port_for(const struct sa_addr *d)
+{
+	return SLUICE_PROXY_LO6_PORT_BASE + (dest_hash(d) & ((1u << SLUICE_PROXY_LO6_PORT_BITS) - 1));
+}
+
+static __always_inline int is_proxy_lo6_port(__u32 port)
+{
+	return port >= SLUICE_PROXY_LO6_PORT_BASE &&
+	       port < SLUICE_PROXY_LO6_PORT_BASE + (1u << SLUICE_PROXY_LO6_PORT_BITS);
 }
 
 /* The orig_dst key's proxy_lo for a connection's proxy end @x (the app
- * socket's peer, the accepted socket's local address): the low half of an
- * address of 127.1.0.0/16, else 0. */
+ * socket's peer, the accepted socket's local address and port): the low
+ * half of an address of 127.1.0.0/16, or a port of [::1] in the block;
+ * else 0. */
 static __always_inline __u16 proxy_lo_of(const struct sa_addr *x)
 {
 	__u32 a = bpf_ntohl(x->a[0]);
+	__u16 port = bpf_ntohs(x->port);
 
-	if (x->family != AF_INET || (a & 0xffff0000u) != SLUICE_PROXY_LO_NET)
+	if (x->family == AF_INET6)
+		return sa_is_loopback(x) && is_proxy_lo6_port(port) ? port : 0;
+	if ((a & 0xffff0000u) != SLUICE_PROXY_LO_NET)
 		return 0;
 	return a & 0xffffu;
+}
+
+/* Whether the proxy's IPv6 listener on port (host order) is in
+ * sock_listeners, where pod_sk_lookup finds it: one a proxy opened while
+ * this build's pod_sockops ran (an earlier build kept only the inbound
+ * one). */
+static __always_inline int proxy_listener_known6(__u64 cookie, __u16 port)
+{
+	struct sluice_sock_listener_key k = { .netns_cookie = cookie, .port = port, .family = AF_INET6 };
+	struct bpf_sock *sk;
+	int i;
+
+#pragma unroll
+	for (i = 0; i < SLUICE_LISTENER_SLOTS; i++) {
+		k.slot = i;
+		sk = bpf_map_lookup_elem(&sock_listeners, &k);
+		if (sk) {
+			bpf_sk_release(sk);
+			return 1;
+		}
+	}
+	return 0;
 }
 
 /*
@@ -141,19 +185,23 @@ static __always_inline __u16 proxy_lo_of(const struct sa_addr *x)
  * for its destination, and every connection the app closes first holds its
  * port in TIME_WAIT: at the pod's own address for 60 s, over loopback only
  * until the kernel may reuse it (net.ipv4.tcp_tw_reuse = 2, the default, is
- * for loopback; after a second). Sent to one address, all of a pod's
- * outbound connections would share one space of ~28k ports; IPv4 spreads
- * them over 127.1.0.0/16 by original destination (loopback_for), IPv6 has
- * one loopback address (::1). The source stays the app's: a socket bound
- * to an address keeps it, an unbound one is bound to the pod's address (as
+ * for loopback; after a second). Sent to one address and port, all of a
+ * pod's outbound connections would share one space of ~28k ports; IPv4
+ * spreads them over 127.1.0.0/16 by original destination (loopback_for),
+ * IPv6 (one loopback address) over a block of ports of ::1
+ * (loopback_port_for), which pod_sk_lookup hands to the proxy's outbound
+ * listener -- once that listener is known there (a proxy that started
+ * listening before this build ran gets [::1]:15001). The source stays the
+ * app's: a socket bound to an address keeps it, an unbound one is bound to the pod's address (as
  * Istio's REDIRECT leaves the app's source; the accepted socket's peer is
  * what SO_ORIGINAL_DST is filed under). A socket bound to a device, or to
  * the wildcard with a port (its source would become loopback), or in a pod
  * without an address of the family goes to the pod's own address (or
- * loopback) as before.
+ * loopback) as before. Returns the port (network order).
  */
-static __always_inline void capture_target(struct bpf_sock_addr *ctx, const struct sctx *c, const struct bpf_sock *sk,
-					   const struct sa_addr *d, __u32 *to, const int v6)
+static __always_inline __be16 capture_target(struct bpf_sock_addr *ctx, const struct sctx *c,
+					     const struct bpf_sock *sk, const struct sa_addr *d, __u32 *to,
+					     const int v6)
 {
 	struct sa_addr bound;
 	__u32 dev = sk->bound_dev_if, port = sk->src_port;
@@ -164,16 +212,18 @@ static __always_inline void capture_target(struct bpf_sock_addr *ctx, const stru
 	has_addr = bound.family == family && !sa_is_any(&bound);
 	if (!dev && (has_addr || (sa_is_any(&bound) && !port && bind_pod_source(ctx, c, family, v6)))) {
 		sa_set_loopback(to, family);
-		if (family == AF_INET)
+		if (family == AF_INET) {
 			to[0] = loopback_for(d);
-		return;
+		} else if (proxy_listener_known6(c->cookie, c->cfg->outbound_port)) {
+			return bpf_htons(loopback_port_for(d));
+		}
+		return bpf_htons(c->cfg->outbound_port);
 	}
-	if (has_addr) {
+	if (has_addr)
 		__builtin_memcpy(to, bound.a, 16);
-		return;
-	}
-	if (!pod_addr(c->pod, family, to))
+	else if (!pod_addr(c->pod, family, to))
 		sa_set_loopback(to, family);
+	return bpf_htons(c->cfg->outbound_port);
 }
 
 /*
@@ -209,6 +259,7 @@ static __always_inline int pod_connect(struct bpf_sock_addr *ctx, const int v6)
 	struct sctx c;
 	__u32 type = ctx->type, proto = ctx->protocol;
 	__u32 to[4];
+	__be16 to_port;
 
 	if (!sk || (type != SOCK_STREAM && type != SOCK_DGRAM))
 		return 1;
@@ -256,8 +307,8 @@ static __always_inline int pod_connect(struct bpf_sock_addr *ctx, const int v6)
 	if (!o)
 		return 0;
 	orig_set(o, &d, SLUICE_SOCK_OUTBOUND);
-	capture_target(ctx, &c, sk, &d, to, v6);
-	sa_write_user(ctx, to, d.family, bpf_htons(c.cfg->outbound_port), v6);
+	to_port = capture_target(ctx, &c, sk, &d, to, v6);
+	sa_write_user(ctx, to, d.family, to_port, v6);
 	SLUICE_COUNT(c.cookie, outbound_conns);
 	return 1;
 }
@@ -331,8 +382,10 @@ static __always_inline struct sluice_sock_orig *captured(struct bpf_sock_addr *c
 		return 0;
 	if (o->kind == SLUICE_SOCK_DNS)
 		return now->port == bpf_htons(cfg->dns_port) && sa_is_loopback(now) ? o : 0;
-	if (o->kind == SLUICE_SOCK_OUTBOUND)
-		return now->port == bpf_htons(cfg->outbound_port) ? o : 0;
+	if (o->kind != SLUICE_SOCK_OUTBOUND)
+		return 0;
+	if (now->port == bpf_htons(cfg->outbound_port) || (now->family == AF_INET6 && proxy_lo_of(now)))
+		return o;
 	return 0;
 }
 
@@ -422,12 +475,14 @@ int pod_getsockopt(struct bpf_sockopt *ctx)
 		return 1;
 	sk = ctx->sk;
 	cfg = settings_get();
-	if (!sk || !cfg || sk->protocol != IPPROTO_TCP || sk->src_port != cfg->outbound_port)
+	if (!sk || !cfg || sk->protocol != IPPROTO_TCP ||
+	    (sk->src_port != cfg->outbound_port && !(sk->family == AF_INET6 && is_proxy_lo6_port(sk->src_port))))
 		return 1;
 	o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
 	if (!o || o->kind != SLUICE_SOCK_ACCEPTED) {
 		sa_read_peer(sk, &peer);
 		sa_read_bound(sk, &self);
+		self.port = bpf_htons((__u16)sk->src_port);
 		__builtin_memset(&k, 0, sizeof(k));
 		k.netns_cookie = bpf_get_netns_cookie(ctx);
 		__builtin_memcpy(k.addr, peer.a, 16);
@@ -565,9 +620,10 @@ static __always_inline int sockops_connect(struct bpf_sock_ops *ops)
 	return 1;
 }
 
-/* The proxy starts listening on its inbound port: keep the socket for
- * pod_sk_lookup. Only the proxy's sockets, by its mark (and its
- * cgroups when known). Listeners in netns that are not enrolled (yet) are
+/* The proxy starts listening on its inbound or outbound port: keep the
+ * socket for pod_sk_lookup (inbound connections, and IPv6 connections
+ * pod_connect6 sent to [::1] in the port block). Only the proxy's sockets,
+ * by its mark (and its cgroups when known). Listeners in netns that are not enrolled (yet) are
  * kept too: the proxy may listen before its pod is enrolled. */
 static __always_inline int sockops_listen(struct bpf_sock_ops *ops)
 {
@@ -577,7 +633,7 @@ static __always_inline int sockops_listen(struct bpf_sock_ops *ops)
 	__u32 port = ops->local_port;
 	int i;
 
-	if (!cfg || !sk || port != cfg->inbound_port)
+	if (!cfg || !sk || (port != cfg->inbound_port && port != cfg->outbound_port))
 		return 1;
 	if ((sk->mark & cfg->mark_mask) != cfg->proxy_mark || !cgroup_is_proxy(task_cgroup_id()))
 		return 1;
@@ -677,6 +733,38 @@ static __always_inline int is_reroute_iface(const struct sluice_pod_sock *pod, _
 }
 
 /*
+ * Rule 1 for IPv6 in the pod's netns: a connection pod_connect6 sent to
+ * [::1]:P, P in the port block (maps/sluice_maps.h), goes to the proxy's
+ * outbound listener. Only a connection filed in orig_dst under its source
+ * and P (by pod_sockops, before its SYN left) is one: any other that
+ * reaches [::1]:P is an app's own and left to the kernel. Its listener
+ * gone: dropped and counted, never left to whatever else listens there.
+ * Returns SK_PASS / SK_DROP, or -1 for "not such a connection".
+ */
+static __always_inline int to_outbound_lo6(struct bpf_sk_lookup *ctx, const struct sluice_settings *cfg,
+					   __u64 cookie, const struct sa_addr *remote)
+{
+	struct sluice_orig_key k;
+	__u32 port = ctx->local_port, remote_port = ctx->remote_port;
+
+	if (ctx->family != AF_INET6 || !is_proxy_lo6_port(port) || ctx->local_ip6[0] || ctx->local_ip6[1] ||
+	    ctx->local_ip6[2] || ctx->local_ip6[3] != bpf_htonl(1))
+		return -1;
+	__builtin_memset(&k, 0, sizeof(k));
+	k.netns_cookie = cookie;
+	__builtin_memcpy(k.addr, remote->a, 16);
+	k.port = (__u16)remote_port;
+	k.family = AF_INET6;
+	k.proxy_lo = (__u16)port;
+	if (!bpf_map_lookup_elem(&orig_dst, &k))
+		return -1;
+	if (to_proxy_listener(ctx, cookie, cfg->outbound_port) == 0)
+		return SK_PASS;
+	SLUICE_COUNT(cookie, dropped_pkts);
+	return SK_DROP;
+}
+
+/*
  * Rules 6-9 in the pod's netns, called (by tail call) from the pod's own
  * program once the kernel found no connected socket for a packet: a new
  * connection from outside goes to the proxy's inbound listener, keeping its
@@ -702,7 +790,22 @@ int pod_sk_lookup(struct bpf_sk_lookup *ctx)
 		return SK_PASS;
 	cfg = settings_get();
 	pod = bpf_map_lookup_elem(&pod_sock, &cookie);
-	if (!cfg || !pod || !(pod->flags & SLUICE_POD_INBOUND_CAPTURE))
+	if (!cfg || !pod)
+		return SK_PASS;
+	if (ctx->family == AF_INET6 && ctx->local_ip6[3] == bpf_htonl(1)) {
+		int v;
+
+		__builtin_memset(&x, 0, sizeof(x));
+		x.family = AF_INET6;
+		x.a[0] = ctx->remote_ip6[0];
+		x.a[1] = ctx->remote_ip6[1];
+		x.a[2] = ctx->remote_ip6[2];
+		x.a[3] = ctx->remote_ip6[3];
+		v = to_outbound_lo6(ctx, cfg, cookie, &x);
+		if (v >= 0)
+			return v;
+	}
+	if (!(pod->flags & SLUICE_POD_INBOUND_CAPTURE))
 		return SK_PASS;
 	/* Virtual interfaces: their TC hook decided (outbound listener). */
 	if (pod->reroute_count && is_reroute_iface(pod, ctx->ingress_ifindex))

@@ -125,6 +125,12 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
   auto undo = [&made] {
     for (const auto& pin : made) (void)detachPinned(pin);
   };
+  // The shared sk_lookup program first: a new connect6 may send IPv6 to
+  // [::1] in the port block only once the program that hands such a
+  // connection to the proxy runs (it leaves all else as before).
+  auto shared = ensureSharedLookup(p, replace);
+  SLUICE_TRY(shared);
+  if (*shared && replace) report.replaced++;
   for (const auto& h : nodeHooks(p)) {
     std::string pin = nodeDir(root) + "/" + h.name;
     LinkState s = linkState(pin);
@@ -161,12 +167,6 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
     made.push_back(pin);
     report.attached++;
   }
-  auto shared = ensureSharedLookup(p, replace);
-  if (!shared.ok()) {
-    undo();
-    return shared.error();
-  }
-  if (*shared && replace) report.replaced++;
   if (report.attached)
     spdlog::info("socket mode: {} node hook(s) attached at cgroup {}, pinned under {}", report.attached, cgroupPath,
                  nodeDir(root));

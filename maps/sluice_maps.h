@@ -33,6 +33,20 @@
 #define SLUICE_DEFAULT_PROBE_V6 "fd16:9254:7127:1337:ffff:ffff:ffff:ffff"
 
 /*
+ * The socket mode sends a captured connection to the proxy's outbound
+ * listener over loopback, at an address and port chosen by its original
+ * destination, so that each destination keeps a port space of its own (the
+ * kernel picks an app's ephemeral port per destination, as without a mesh):
+ * IPv4 at 127.1.x.y:15001 (127.1.0.0/16), IPv6 at [::1]:P, P in the block
+ * below (IPv6 has one loopback address), which the pod's sk_lookup program
+ * hands to the outbound listener. Both stay loopback, where the kernel may
+ * reuse a closed connection's port after a second (tcp_tw_reuse = 2).
+ */
+#define SLUICE_PROXY_LO_NET 0x7f010000u   /* 127.1.0.0/16, host byte order */
+#define SLUICE_PROXY_LO6_PORT_BASE 16384u  /* [::1]:16384 .. [::1]:32767 */
+#define SLUICE_PROXY_LO6_PORT_BITS 14
+
+/*
  * Egress hands a captured packet to the ingress hook of the same interface
  * (bpf_redirect with BPF_F_INGRESS; bpf_sk_assign only works at ingress).
  * The mark carries the decision across: within one netns bpf_redirect keeps
@@ -385,11 +399,12 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_sock_orig) == 24, "sluice_sock_orig la
 
 /* `orig_dst` (LRU): an outbound connection from its connect() until the
  * proxy asked for its SO_ORIGINAL_DST, keyed by the app's end as the
- * proxy's accepted socket sees its peer (v4-mapped as AF_INET) and, for
- * IPv4, by the loopback address the connection was sent to: connections
- * to different destinations may share the app's port at once (a port
- * space per destination). proxy_lo: the low half of that address in
- * 127.1.0.0/16, host order; 0 for a connection sent anywhere else. The
+ * proxy's accepted socket sees its peer (v4-mapped as AF_INET) and by
+ * where on loopback the connection was sent: connections to different
+ * destinations may share the app's port at once (a port space per
+ * destination). proxy_lo: for IPv4 the low half of the address in
+ * 127.1.0.0/16, for IPv6 the port of [::1] in the block above, both host
+ * order; 0 for a connection sent anywhere else (to 15001). The
  * field took two bytes of what was padding (always zero), so an entry
  * filed by an earlier build reads as proxy_lo 0, what it meant then: the
  * byte layout, its version and the pinned map stay. */

@@ -668,9 +668,10 @@ TEST_P(Redirect, DecisionIsRememberedOnTheAppSocket) {
 //   proxy stops --> {} ; proxy again + out --> {(cookie, 15001, fam)}
 //   pod removed --> {}
 //
-// At the socket the proxy's inbound listener is kept when it starts
-// listening (sock_listeners, filled by the sock_ops program: the sk_lookup
-// program cannot search the socket table), under the socket's own family.
+// At the socket the proxy's inbound and outbound listeners are kept when it
+// starts listening (sock_listeners, filled by the sock_ops program: the
+// sk_lookup program cannot search the socket table), under the socket's own
+// family; the outbound one for IPv6 sent to [::1] in the port block.
 TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
   auto server = tcpServer(h_->node(), nodeEp(0));
   ASSERT_TRUE(server);
@@ -688,7 +689,7 @@ TEST_P(Redirect, ProxyListenersAreKeptUntilClosed) {
         if (k.netns_cookie == *cookie) out.insert({k.port, k.family});
       return out;
     };
-    const Keys dualStack = {{15006, AF_INET6}};  // the stand-in's [::]:15006
+    const Keys dualStack = {{15001, AF_INET6}, {15006, AF_INET6}};  // the stand-in's [::]:15001 and [::]:15006
     EXPECT_EQ(podKeys(), dualStack) << "kept from its listen(), before any connection";
     auto c = tcpConnect(h_->node(), podEp(app->port()));
     ASSERT_TRUE(c.ok()) << c.error().message << describe(h_->events());

@@ -32,6 +32,7 @@
 #include <chrono>
 #include <cstring>
 #include <iostream>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -97,6 +98,23 @@ class SocketCapture : public ::testing::TestWithParam<int> {
     return ev;
   }
 
+  /// The test as the node proxy: a listener on the wildcard's 15001 of the
+  /// family in the pod, with the proxy's mark, so that the sock_ops program
+  /// keeps it for the sk_lookup program as it keeps the proxy's.
+  Result<Fd> proxyListener() {
+    auto fd = socketIn(h_->pod(), family(), SOCK_STREAM);
+    SLUICE_TRY(fd);
+    const int one = 1;
+    const uint32_t mark = SLUICE_DEFAULT_PROXY_MARK;
+    if (::setsockopt(fd->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0)
+      return Error::fromErrno(errno, "SO_REUSEADDR");
+    if (::setsockopt(fd->get(), SOL_SOCKET, SO_MARK, &mark, sizeof(mark)) != 0) return Error::fromErrno(errno, "SO_MARK");
+    const Endpoint at = Endpoint::any(family(), 15001);
+    if (::bind(fd->get(), at.raw(), at.len) != 0) return Error::fromErrno(errno, "bind " + at.str());
+    if (::listen(fd->get(), 8) != 0) return Error::fromErrno(errno, "listen");
+    return fd;
+  }
+
   std::unique_ptr<PodHarness> h_;
 };
 
@@ -155,9 +173,9 @@ TEST_P(SocketCapture, BoundSourceAddressAndPortAreKept) {
 // A connection the app closes first holds its port in TIME_WAIT for its
 // destination, here the proxy's: over loopback the kernel reuses such a port
 // after a second (net.ipv4.tcp_tw_reuse = 2, the default); sent to the pod's
-// own address it would be held for 60 s. IPv6 has one loopback address, so
-// every connection of the pod shares its ports; IPv4 has a loopback address
-// (a port space) per destination. Here the pod has 10 ports: 10 connections
+// own address it would be held for 60 s. Each destination has a place on
+// loopback (a port space) of its own: IPv4 an address of 127.1.0.0/16, IPv6
+// a port of [::1] in the block. Here the pod has 10 ports: 10 connections
 // the app closes, then 10 more within seconds, each from the pod's address.
 // (The proxy's own connections to the servers get a port space per server:
 // ten servers.)
@@ -210,30 +228,26 @@ TEST_P(SocketCapture, PortsOfClosedConnectionsAreReusedWithinSeconds) {
 }
 
 // Two connections of the app from the same address and port to different
-// destinations, open at once (each destination has a port space of its own
-// over IPv4, as under REDIRECT): the proxy's SO_ORIGINAL_DST tells them
-// apart. Here the test is the proxy: it accepts both only after both
-// connected, so neither entry is read before the other is filed.
+// destinations, open at once (each destination has a port space of its own,
+// as under REDIRECT: IPv4 at an address of 127.1.0.0/16, IPv6 at a port of
+// [::1] in the block, both chosen by destination): the proxy's
+// SO_ORIGINAL_DST tells them apart. Here the test is the proxy (marked as
+// the proxy's, so that the sk_lookup program knows its IPv6 listener): it
+// accepts both only after both connected, so neither entry is read before
+// the other is filed.
 //
-//   pod app podIP:P --> 192.0.2.1:80 --\
-//   pod app podIP:P --> 192.0.2.k:80 ---> lo:15001 (test) SO_ORIGINAL_DST x2
+//   pod app podIP:P --> D1:80 ---> lo 127.1.x.y:15001 / [::1]:Q1 -.
+//   pod app podIP:P --> D2:80 ---> lo 127.1.z.w:15001 / [::1]:Q2 --+--> test's 15001: SO_ORIGINAL_DST x2
 TEST_P(SocketCapture, ConnectionsSharingASourcePortKeepTheirOriginalDestinations) {
-  if (family() != AF_INET)
-    GTEST_SKIP() << "IPv6 has one loopback address (::1): every destination shares one port space, so two "
-                    "connections of a pod never share a source port";
   enrollWithProxy();
   h_->stopStandIn();
-  auto proxy = socketIn(h_->pod(), AF_INET, SOCK_STREAM);
+  auto proxy = proxyListener();
   ASSERT_TRUE(proxy.ok()) << proxy.error().message;
   const int one = 1;
-  ASSERT_EQ(::setsockopt(proxy->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
-  const Endpoint proxyAt = Endpoint::any(AF_INET, 15001);
-  ASSERT_EQ(::bind(proxy->get(), proxyAt.raw(), proxyAt.len), 0) << std::strerror(errno);
-  ASSERT_EQ(::listen(proxy->get(), 8), 0) << std::strerror(errno);
 
   const uint16_t port = 40123;
   auto appSocket = [&]() -> Result<Fd> {
-    auto fd = socketIn(h_->pod(), AF_INET, SOCK_STREAM);
+    auto fd = socketIn(h_->pod(), family(), SOCK_STREAM);
     SLUICE_TRY(fd);
     if (::setsockopt(fd->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) != 0)
       return Error::fromErrno(errno, "SO_REUSEADDR");
@@ -242,10 +256,13 @@ TEST_P(SocketCapture, ConnectionsSharingASourcePortKeepTheirOriginalDestinations
     return fd;
   };
   std::vector<std::pair<Fd, Endpoint>> apps;
-  // Two destinations whose loopback addresses differ (one of 65,536 pairs
-  // shares one: the second connect() then finds the 4-tuple taken).
+  // Two destinations whose places on loopback differ (one pair in 65,536
+  // (IPv4) or 16,384 (IPv6) shares one: the second connect() then finds the
+  // 4-tuple taken).
   for (int k = 1; k <= 4 && apps.size() < 2; k++) {
-    const Endpoint dst = Endpoint::of("192.0.2." + std::to_string(k), 80);
+    const Endpoint dst = Endpoint::of(family() == AF_INET ? "192.0.2." + std::to_string(k)
+                                                          : "2001:db8::" + std::to_string(k),
+                                      80);
     auto fd = appSocket();
     ASSERT_TRUE(fd.ok()) << fd.error().message;
     if (::connect(fd->get(), dst.raw(), dst.len) != 0) {
@@ -258,19 +275,97 @@ TEST_P(SocketCapture, ConnectionsSharingASourcePortKeepTheirOriginalDestinations
   ASSERT_EQ(apps.size(), 2u);
   for (auto& [fd, dst] : apps) ASSERT_EQ(::send(fd.get(), dst.str().data(), dst.str().size(), 0), (ssize_t)dst.str().size());
 
+  std::set<std::string> proxyEnds;
   for (int i = 0; i < 2; i++) {
     Fd conn(::accept4(proxy->get(), nullptr, nullptr, SOCK_CLOEXEC));
     ASSERT_TRUE(conn.valid()) << std::strerror(errno);
     EXPECT_EQ(peerOf(conn.get()).str(), podEp(port).str());
-    EXPECT_EQ(localOf(conn.get()).ip().rfind("127.1.", 0), 0u) << localOf(conn.get()).str();
-    sockaddr_in orig{};
+    const Endpoint local = localOf(conn.get());
+    proxyEnds.insert(local.str());
+    if (family() == AF_INET) {
+      EXPECT_EQ(local.ip().rfind("127.1.", 0), 0u) << local.str();
+      EXPECT_EQ(local.port(), 15001);
+    } else {
+      EXPECT_EQ(local.ip(), "::1") << local.str();
+      EXPECT_GE(local.port(), SLUICE_PROXY_LO6_PORT_BASE) << local.str();
+      EXPECT_LT(local.port(), SLUICE_PROXY_LO6_PORT_BASE + (1u << SLUICE_PROXY_LO6_PORT_BITS)) << local.str();
+    }
+    sockaddr_storage orig{};
     socklen_t len = sizeof(orig);
-    ASSERT_EQ(::getsockopt(conn.get(), SOL_IP, 80 /* SO_ORIGINAL_DST */, &orig, &len), 0) << std::strerror(errno);
+    ASSERT_EQ(::getsockopt(conn.get(), family() == AF_INET ? SOL_IP : SOL_IPV6, 80 /* SO_ORIGINAL_DST */, &orig, &len),
+              0)
+        << soOriginalDst() << ": " << std::strerror(errno);
     const std::string origDst = Endpoint::fromSockaddr(reinterpret_cast<sockaddr*>(&orig), len).str();
     auto sent = readSome(conn.get(), origDst.size());
     ASSERT_TRUE(sent.ok()) << sent.error().message;
-    EXPECT_EQ(origDst, *sent) << "SO_ORIGINAL_DST answered another connection's destination";
+    EXPECT_EQ(origDst, *sent) << soOriginalDst() << " answered another connection's destination";
   }
+  EXPECT_EQ(proxyEnds.size(), 2u) << "both connections reached the proxy at one place";
+}
+
+// IPv6: only a connection the programs sent to [::1] in the port block is
+// handed to the proxy there. An app's own connection to such a port from
+// the pod's address (loopback: not captured) reaches the app listening on
+// it. And a captured connection whose proxy listener closed between its
+// connect() and its SYN (a TCP_FASTOPEN_CONNECT socket sends its SYN at
+// the first write) is dropped and counted, never left to that app.
+//
+//   pod app podIP --connect D:80--> [::1]:Q --> test's marked [::]:15001
+//   pod app podIP --connect [::1]:Q--> app's own [::]:Q listener
+//   pod app connect D:80 (to [::1]:Q) ; proxy closes ; write: SYN --> dropped
+TEST_P(SocketCapture, OnlyCapturedConnectionsAreHandedOverAtTheLoopbackPortBlock) {
+  if (family() != AF_INET6) GTEST_SKIP() << "IPv4 is sent to 127.1.0.0/16 at port 15001: no port block";
+  auto srv = server();
+  ASSERT_TRUE(srv);
+  enrollWithProxy();
+  h_->stopStandIn();
+  // Client side, without a cookie (0x4): connect() leaves the SYN to the
+  // first write.
+  ASSERT_TRUE(h_->pod().setSysctl("net/ipv4/tcp_fastopen", "5").ok());
+  auto proxy = proxyListener();
+  ASSERT_TRUE(proxy.ok()) << proxy.error().message;
+  const int one = 1;
+
+  // Where a captured connection to the server goes: Q.
+  auto first = tcpConnect(h_->pod(), srv->local());
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  Fd accepted(::accept4(proxy->get(), nullptr, nullptr, SOCK_CLOEXEC));
+  ASSERT_TRUE(accepted.valid()) << std::strerror(errno);
+  const Endpoint q = localOf(accepted.get());
+  ASSERT_EQ(q.ip(), "::1") << q.str();
+  ASSERT_GE(q.port(), SLUICE_PROXY_LO6_PORT_BASE) << q.str();
+
+  // The next one to the same server: connect() now, its SYN at the write.
+  auto next = socketIn(h_->pod(), AF_INET6, SOCK_STREAM | SOCK_NONBLOCK);
+  ASSERT_TRUE(next.ok()) << next.error().message;
+  ASSERT_EQ(::setsockopt(next->get(), IPPROTO_TCP, TCP_FASTOPEN_CONNECT, &one, sizeof(one)), 0) << std::strerror(errno);
+  ASSERT_EQ(::connect(next->get(), srv->local().raw(), srv->local().len), 0) << std::strerror(errno);
+
+  // The proxy's listener closes; the app's own listener takes [::]:Q, and
+  // the app's own connection to it from the pod's address gets there.
+  proxy->reset();
+  auto own = TcpServer::start(h_->pod(), Endpoint::any(AF_INET6, q.port()));
+  ASSERT_TRUE(own.ok()) << own.error().message;
+  ConnectOptions o;
+  o.bind = podEp(0);
+  auto mine = tcpConnect(h_->pod(), Endpoint::of("::1", q.port()), o);
+  ASSERT_TRUE(mine.ok()) << mine.error().message;
+  ASSERT_TRUE(echoRoundTrip(mine->get(), "mine").ok());
+  EXPECT_EQ((*own)->accepted(), 1u);
+
+  const uint64_t dropped = h_->stats().dropped_pkts;
+  const std::string data = "captured";
+  ssize_t n = ::send(next->get(), data.data(), data.size(), MSG_NOSIGNAL);
+  ASSERT_TRUE(n >= 0 || errno == EINPROGRESS || errno == EAGAIN) << std::strerror(errno);
+  pollfd p{next->get(), POLLOUT, 0};
+  int ready = ::poll(&p, 1, 1200);
+  int err = 0;
+  socklen_t len = sizeof(err);
+  ASSERT_EQ(::getsockopt(next->get(), SOL_SOCKET, SO_ERROR, &err, &len), 0);
+  EXPECT_TRUE(ready == 0 || err != 0) << "a captured connection connected without a proxy (poll " << ready << ")";
+  EXPECT_EQ((*own)->accepted(), 1u) << "a captured connection reached the app's own listener on " << q.str();
+  EXPECT_EQ(srv->accepted(), 0u) << "a captured connection reached its destination around the proxy";
+  EXPECT_GT(h_->stats().dropped_pkts, dropped) << "the SYN to " << q.str() << " was not dropped and counted";
 }
 
 // An app socket bound to a device (SO_BINDTODEVICE eth0) is captured too:
