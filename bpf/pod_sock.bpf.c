@@ -192,12 +192,13 @@ static __always_inline int proxy_listener_known6(__u64 cookie, __u16 port)
  * (loopback_port_for), which pod_sk_lookup hands to the proxy's outbound
  * listener -- once that listener is known there (a proxy that started
  * listening before this build ran gets [::1]:15001). The source stays the
- * app's: a socket bound to an address keeps it, an unbound one is bound to the pod's address (as
- * Istio's REDIRECT leaves the app's source; the accepted socket's peer is
- * what SO_ORIGINAL_DST is filed under). A socket bound to a device, or to
- * the wildcard with a port (its source would become loopback), or in a pod
- * without an address of the family goes to the pod's own address (or
- * loopback) as before. Returns the port (network order).
+ * app's: a socket bound to an address keeps it, an unbound one is bound to
+ * the pod's address (as Istio's REDIRECT leaves the app's source; the
+ * accepted socket's peer is what SO_ORIGINAL_DST is filed under). A socket
+ * bound to a device, or to the wildcard with a port (its source would
+ * become loopback), or in a pod without an address of the family goes to
+ * the pod's own address (or loopback) as before. Returns the port (network
+ * order).
  */
 static __always_inline __be16 capture_target(struct bpf_sock_addr *ctx, const struct sctx *c,
 					     const struct bpf_sock *sk, const struct sa_addr *d, __u32 *to,
@@ -623,8 +624,9 @@ static __always_inline int sockops_connect(struct bpf_sock_ops *ops)
 /* The proxy starts listening on its inbound or outbound port: keep the
  * socket for pod_sk_lookup (inbound connections, and IPv6 connections
  * pod_connect6 sent to [::1] in the port block). Only the proxy's sockets,
- * by its mark (and its cgroups when known). Listeners in netns that are not enrolled (yet) are
- * kept too: the proxy may listen before its pod is enrolled. */
+ * by its mark (and its cgroups when known). Listeners in netns that are
+ * not enrolled (yet) are kept too: the proxy may listen before its pod is
+ * enrolled. */
 static __always_inline int sockops_listen(struct bpf_sock_ops *ops)
 {
 	const struct sluice_settings *cfg = settings_get();
@@ -739,7 +741,8 @@ static __always_inline int is_reroute_iface(const struct sluice_pod_sock *pod, _
  * and P (by pod_sockops, before its SYN left) is one: any other that
  * reaches [::1]:P is an app's own and left to the kernel. Its listener
  * gone: dropped and counted, never left to whatever else listens there.
- * Returns SK_PASS / SK_DROP, or -1 for "not such a connection".
+ * For IPv6 lookups (remote: their source). Returns SK_PASS / SK_DROP, or
+ * -1 for "not such a connection".
  */
 static __always_inline int to_outbound_lo6(struct bpf_sk_lookup *ctx, const struct sluice_settings *cfg,
 					   __u64 cookie, const struct sa_addr *remote)
@@ -747,8 +750,8 @@ static __always_inline int to_outbound_lo6(struct bpf_sk_lookup *ctx, const stru
 	struct sluice_orig_key k;
 	__u32 port = ctx->local_port, remote_port = ctx->remote_port;
 
-	if (ctx->family != AF_INET6 || !is_proxy_lo6_port(port) || ctx->local_ip6[0] || ctx->local_ip6[1] ||
-	    ctx->local_ip6[2] || ctx->local_ip6[3] != bpf_htonl(1))
+	if (!is_proxy_lo6_port(port) || ctx->local_ip6[0] || ctx->local_ip6[1] || ctx->local_ip6[2] ||
+	    ctx->local_ip6[3] != bpf_htonl(1))
 		return -1;
 	__builtin_memset(&k, 0, sizeof(k));
 	k.netns_cookie = cookie;
@@ -792,11 +795,13 @@ int pod_sk_lookup(struct bpf_sk_lookup *ctx)
 	pod = bpf_map_lookup_elem(&pod_sock, &cookie);
 	if (!cfg || !pod)
 		return SK_PASS;
-	if (ctx->family == AF_INET6 && ctx->local_ip6[3] == bpf_htonl(1)) {
+	__builtin_memset(&x, 0, sizeof(x));
+	x.family = ctx->family;
+	if (ctx->family == AF_INET) {
+		x.a[0] = ctx->remote_ip4;
+	} else {
 		int v;
 
-		__builtin_memset(&x, 0, sizeof(x));
-		x.family = AF_INET6;
 		x.a[0] = ctx->remote_ip6[0];
 		x.a[1] = ctx->remote_ip6[1];
 		x.a[2] = ctx->remote_ip6[2];
@@ -812,16 +817,6 @@ int pod_sk_lookup(struct bpf_sk_lookup *ctx)
 		return SK_PASS;
 	if (ctx->local_port == cfg->hbone_port) /* rule 7 */
 		return SK_PASS;
-	__builtin_memset(&x, 0, sizeof(x));
-	x.family = ctx->family;
-	if (ctx->family == AF_INET) {
-		x.a[0] = ctx->remote_ip4;
-	} else {
-		x.a[0] = ctx->remote_ip6[0];
-		x.a[1] = ctx->remote_ip6[1];
-		x.a[2] = ctx->remote_ip6[2];
-		x.a[3] = ctx->remote_ip6[3];
-	}
 	/* Rule 5, from the pod itself: a connection over lo reports the
 	 * address's device (eth0), not lo, as its ingress interface, but its
 	 * source is the pod's (a packet from outside with a source address of
