@@ -21,8 +21,21 @@ namespace {
 constexpr uint32_t kServiceNet = 0x0a600000;  // 10.96.0.0/24: outbound destinations
 constexpr uint32_t kAnyIpNet = 0x0ac90000;    // 10.201.0.0/24: local to the pod (any-IP route)
 constexpr const char* kResolver = "10.96.0.10";
+// The IPv6 twins (the last byte is K).
+constexpr const char* kServiceNet6 = "fd00:96::";
+constexpr const char* kAnyIpNet6 = "fd00:201::";
 
-std::string ipOf(const std::string& addrPort) { return addrPort.substr(0, addrPort.rfind(':')); }
+/// "10.0.0.1" of "10.0.0.1:80", "fd00::1" of "[fd00::1]:80".
+std::string ipOf(const std::string& addrPort) {
+  std::string ip = addrPort.substr(0, addrPort.rfind(':'));
+  return ip.size() > 2 && ip.front() == '[' ? ip.substr(1, ip.size() - 2) : ip;
+}
+
+/// The port of "a:port" / "[a]:port" (0 when there is none).
+int portOf(const std::string& addrPort) {
+  auto colon = addrPort.rfind(':');
+  return colon == std::string::npos ? 0 : std::atoi(addrPort.c_str() + colon + 1);
+}
 
 /// "TSO on, GSO on, GRO off" for @p dev in the calling thread's namespace
 /// (the legacy ethtool ioctls): what attaching XDP changed on a veth end.
@@ -93,7 +106,9 @@ std::string gSocketHookCgroup;
 void setSocketHookCgroup(const std::string& path) { gSocketHookCgroup = path; }
 const std::string& socketHookCgroup() { return gSocketHookCgroup; }
 
-bool caseRuns(CaseKind k, const std::string& workload) { return k != CaseKind::TcMinimal || workload != "dns"; }
+bool caseRuns(CaseKind k, const std::string& workload) {
+  return k != CaseKind::TcMinimal || (workload != "dns" && !isIpv6Workload(workload));
+}
 
 std::optional<CaseKind> parseCase(const std::string& s) {
   for (CaseKind k : kAllCases)
@@ -110,8 +125,11 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
   env->topo_ = std::make_unique<sluice::test::PodTopology>();
   if (!env->topo_->ok()) return Error::msg(what + env->topo_->error());
   auto& topo = *env->topo_;
-  auto r = sluice::test::sh("set -e\nip -n " + topo.pod().name() + " route add local 10.201.0.0/24 dev lo\nip -n " +
-                            topo.node().name() + " route add 10.201.0.0/24 via 10.200.0.2 dev vethpod\n");
+  const std::string pod = "ip -n " + topo.pod().name(), node = "ip -n " + topo.node().name();
+  auto r = sluice::test::sh("set -e\n" + pod + " route add local 10.201.0.0/24 dev lo\n" + node +
+                            " route add 10.201.0.0/24 via 10.200.0.2 dev vethpod\n" + pod + " -6 route add local " +
+                            kAnyIpNet6 + "/64 dev lo\n" + node + " -6 route add " + kAnyIpNet6 +
+                            "/64 via fd00:200::2 dev vethpod\n");
   if (r.exitCode != 0) return Error::msg(what + "any-IP routes: " + r.describe());
   auto pfd = openNetns(topo.pod().path());
   SLUICE_TRY(pfd);
@@ -128,11 +146,11 @@ Result<std::unique_ptr<CaseEnv>> CaseEnv::create(CaseKind kind, const IstioRules
               : base == CaseKind::SluiceSocket ? OrigDstMethod::Ztunnel
                                                : OrigDstMethod::GetSockName;
   if (base == CaseKind::Floor) {
-    sc.outbound = {kAnyIpNet, 15001};
-    sc.inbound = {kAnyIpNet, 15006};
+    sc.outbound = {kAnyIpNet, 15001, parseV6(kAnyIpNet6)};
+    sc.inbound = {kAnyIpNet, 15006, parseV6(kAnyIpNet6)};
   } else {
-    sc.outbound = {kServiceNet, 80};
-    sc.inbound = {kAnyIpNet, 8080};
+    sc.outbound = {kServiceNet, 80, parseV6(kServiceNet6)};
+    sc.inbound = {kAnyIpNet, 8080, parseV6(kAnyIpNet6)};
   }
 
   if (isIptables(kind)) {
@@ -263,14 +281,24 @@ CaseEnv::~CaseEnv() {
   bpffs_.reset();
 }
 
-DstFn CaseEnv::outboundDst() const {
-  if (baseCase(kind_) == CaseKind::Floor) return [](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), 15001); };
-  return [](int k) { return v4(kServiceNet | static_cast<uint32_t>(k), 80); };
+DstFn CaseEnv::outboundDst(int family) const {
+  const bool floor = baseCase(kind_) == CaseKind::Floor;
+  const uint16_t port = floor ? 15001 : 80;
+  if (family == AF_INET6) {
+    in6_addr net = parseV6(floor ? kAnyIpNet6 : kServiceNet6);
+    return [net, port](int k) { return v6(net, k, port); };
+  }
+  const uint32_t net = floor ? kAnyIpNet : kServiceNet;
+  return [net, port](int k) { return addrOf(v4(net | static_cast<uint32_t>(k), port)); };
 }
 
-DstFn CaseEnv::inboundDst() const {
-  uint16_t port = baseCase(kind_) == CaseKind::Floor ? 15006 : 8080;
-  return [port](int k) { return v4(kAnyIpNet | static_cast<uint32_t>(k), port); };
+DstFn CaseEnv::inboundDst(int family) const {
+  const uint16_t port = baseCase(kind_) == CaseKind::Floor ? 15006 : 8080;
+  if (family == AF_INET6) {
+    in6_addr net = parseV6(kAnyIpNet6);
+    return [net, port](int k) { return v6(net, k, port); };
+  }
+  return [port](int k) { return addrOf(v4(kAnyIpNet | static_cast<uint32_t>(k), port)); };
 }
 
 sockaddr_in CaseEnv::resolver() const {
@@ -321,7 +349,7 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
   struct Conn {
     const char* listener;
     sluice::test::TestNetns* from;
-    sockaddr_in dst;
+    Addr dst;
     std::string peerIp;  // "" = not checked
     std::string redirectedTo;  // iptables: the address REDIRECT gives
   };
@@ -339,15 +367,20 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
       {"outbound", &topo_->pod(), outboundDst()(7), floor ? "" : "10.200.0.2", "127.0.0.1:15001"},
       {"inbound", &topo_->node(), inboundDst()(9), "10.200.0.1", "10.200.0.2:15006"},
   };
+  if (caseRuns(kind_, "conn_out6")) {
+    conns.push_back({"outbound", &topo_->pod(), outboundDst(AF_INET6)(7), floor ? "" : "fd00:200::2", "[::1]:15001"});
+    conns.push_back({"inbound", &topo_->node(), inboundDst(AF_INET6)(9), "fd00:200::1", "[fd00:200::2]:15006"});
+  }
   for (const auto& c : conns) {
-    std::string want = sockaddrText(reinterpret_cast<const sockaddr*>(&c.dst));
-    Endpoint ep = Endpoint::fromSockaddr(reinterpret_cast<const sockaddr*>(&c.dst), sizeof(c.dst));
+    const bool ipv6 = c.dst.family() == AF_INET6;
+    std::string want = c.dst.text();
+    Endpoint ep = Endpoint::fromSockaddr(c.dst.sa(), c.dst.len);
     auto fd = sluice::test::tcpConnect(*c.from, ep);
     if (!fd.ok()) {
       fails.push_back(std::string(c.listener) + " probe to " + want + ": " + fd.error().message);
       continue;
     }
-    std::string k(1, static_cast<char>(ntohl(c.dst.sin_addr.s_addr) & 0xff));
+    std::string k(1, static_cast<char>(c.dst.index()));
     auto echo = sluice::test::echoRoundTrip(fd->get(), k);
     if (!echo.ok() || *echo != k) {
       fails.push_back(std::string(c.listener) + " probe to " + want + ": no answer from the sink");
@@ -374,15 +407,18 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
       fails.push_back(how + ": expected TPROXY-style delivery (local address " + want + ", no conntrack NAT)");
     if (baseCase(kind_) == CaseKind::SluiceSocket) {
       // Outbound: connect() was sent to the proxy on loopback (IPv4: an
-      // address of 127.1.0.0/16 chosen by the destination), from the pod's
-      // address, and SO_ORIGINAL_DST answers; inbound: the socket lookup
-      // handed the connection over with its addresses (no NAT, no
-      // SO_ORIGINAL_DST).
+      // address of 127.1.0.0/16 chosen by the destination, port 15001;
+      // IPv6: [::1] at a port of 16384-32767 chosen by the destination),
+      // from the pod's address, and SO_ORIGINAL_DST answers; inbound: the
+      // socket lookup handed the connection over with its addresses (no
+      // NAT, no SO_ORIGINAL_DST).
       bool out = std::string(c.listener) == "outbound";
-      const bool toLoopback = seen->local.rfind("127.1.", 0) == 0 &&
-                              seen->local.size() > 6 && seen->local.compare(seen->local.size() - 6, 6, ":15001") == 0;
+      const int port = portOf(seen->local);
+      const bool toLoopback = ipv6 ? ipOf(seen->local) == "::1" && port >= 16384 && port <= 32767
+                                   : seen->local.rfind("127.1.", 0) == 0 && port == 15001;
       if (out && (!toLoopback || seen->soOriginalDst != want))
-        fails.push_back(how + ": expected connect() sent to 127.1.x.y:15001 with SO_ORIGINAL_DST " + want);
+        fails.push_back(how + ": expected connect() sent to " + (ipv6 ? "[::1]:16384-32767" : "127.1.x.y:15001") +
+                        " with SO_ORIGINAL_DST " + want);
       if (!out && (seen->local != want || !seen->soOriginalDst.empty()))
         fails.push_back(how + ": expected the socket lookup's hand-over (local address " + want + ")");
     }
@@ -432,15 +468,22 @@ std::vector<std::string> CaseEnv::probe(std::vector<std::string>& notes) {
     // so nothing but a working redirect can make the other cases succeed.
     sluice::test::ConnectOptions co;
     co.timeout = 1s;
-    auto out = sluice::test::tcpConnect(topo_->pod(), Endpoint::of("10.96.0.7", 80), co);
-    auto in = sluice::test::tcpConnect(topo_->node(), Endpoint::of("10.201.0.9", 8080), co);
+    std::string seen;
+    bool anyAnswered = false;
+    auto control = [&](sluice::test::TestNetns& from, const Addr& dst) {
+      auto c = sluice::test::tcpConnect(from, Endpoint::fromSockaddr(dst.sa(), dst.len), co);
+      seen += dst.text() + " " + (c.ok() ? "connected" : c.error().message) + "; ";
+      anyAnswered |= c.ok();
+    };
+    control(topo_->pod(), addrOf(v4("10.96.0.7", 80)));
+    control(topo_->node(), addrOf(v4("10.201.0.9", 8080)));
+    control(topo_->pod(), v6(parseV6(kServiceNet6), 7, 80));
+    control(topo_->node(), v6(parseV6(kAnyIpNet6), 9, 8080));
     auto dns = sluice::test::udpExchange(topo_->pod(), Endpoint::of(kResolver, 53),
                                          sluice::test::dnsQuery(1, "control.example", 1), true, 500ms);
-    notes.push_back(std::string("controls without redirection: 10.96.0.7:80 ") +
-                    (out.ok() ? "connected" : out.error().message) + "; 10.201.0.9:8080 " +
-                    (in.ok() ? "connected" : in.error().message) + "; DNS to 10.96.0.10:53 " +
+    notes.push_back("controls without redirection: " + seen + "DNS to 10.96.0.10:53 " +
                     (dns.ok() ? "answered" : dns.error().message));
-    if (out.ok() || in.ok() || dns.ok())
+    if (anyAnswered || dns.ok())
       fails.push_back("floor: a redirected destination answers without redirection; the checks would prove nothing");
   }
   return fails;

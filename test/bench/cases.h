@@ -3,7 +3,9 @@
 //
 //   node netns                               pod netns
 //   10.200.0.1 (vethpod) <──── veth ────>    10.200.0.2 (eth0), default via .1
+//   fd00:200::1                               fd00:200::2, default via fd00:200::1
 //   10.201.0.0/24 via 10.200.0.2              local 10.201.0.0/24 dev lo (any-IP)
+//   fd00:201::/64 via fd00:200::2             local fd00:201::/64 dev lo
 //                                             sink: [::]:15001 [::]:15006 127.0.0.1:15053
 //
 //   case             redirection                        client dials             sink reads
@@ -27,7 +29,9 @@
 //                    program (BPF_F_XDP_HAS_FRAGS)
 //
 // Outbound clients run in the pod, inbound ones in the node; DNS clients in
-// the pod query 10.96.0.10:53 (floor: 127.0.0.1:15053 directly).
+// the pod query 10.96.0.10:53 (floor: 127.0.0.1:15053 directly). The IPv6
+// workloads (conn_out6, conn_in6) dial [fd00:96::K]:80 and [fd00:201::K]:8080
+// (floor: [fd00:201::K]:15001 / :15006).
 #pragma once
 
 #include <memory>
@@ -98,7 +102,9 @@ inline bool isTproxyStyle(CaseKind k) { return isSluiceTc(k) || k == CaseKind::T
 /// Empty: the cgroup v2 root.
 void setSocketHookCgroup(const std::string& path);
 const std::string& socketHookCgroup();
-/// tc-minimal redirects TCP only: it has no DNS figure.
+/// The workloads whose clients dial IPv6 destinations.
+inline bool isIpv6Workload(const std::string& w) { return w == "conn_out6" || w == "conn_in6"; }
+/// tc-minimal redirects IPv4 TCP only: it has no DNS or IPv6 figure.
 bool caseRuns(CaseKind k, const std::string& workload);
 
 /// tc-minimal's empty program on lo egress, as programs() names it.
@@ -130,8 +136,9 @@ class CaseEnv {
   sluice::test::PodTopology& topo() { return *topo_; }
   Datapath* datapath() { return dp_.get(); }
 
-  DstFn outboundDst() const;
-  DstFn inboundDst() const;
+  /// Where the clients dial, in @p family (AF_INET / AF_INET6).
+  DstFn outboundDst(int family = AF_INET) const;
+  DstFn inboundDst(int family = AF_INET) const;
   sockaddr_in resolver() const;
 
   /// The pod's sluice counters (zero for the other cases).

@@ -31,16 +31,16 @@ void setTimeouts(int fd, std::chrono::milliseconds t) {
 }
 
 /// A blocking TCP connection to dst that sent K and got it echoed back.
-Result<Fd> connectAndGreet(const sockaddr_in& dst, int k, bool expectEcho, int mss) {
-  Fd fd(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+Result<Fd> connectAndGreet(const Addr& dst, int k, bool expectEcho, int mss) {
+  Fd fd(::socket(dst.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!fd.valid()) return Error::fromErrno(errno, "socket");
   if (mss > 0 && ::setsockopt(fd.get(), IPPROTO_TCP, TCP_MAXSEG, &mss, sizeof(mss)) != 0)
     return Error::fromErrno(errno, "TCP_MAXSEG");
   setTimeouts(fd.get(), 2s);
   int one = 1;
   ::setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  std::string to = sockaddrText(reinterpret_cast<const sockaddr*>(&dst));
-  if (::connect(fd.get(), reinterpret_cast<const sockaddr*>(&dst), sizeof(dst)) != 0)
+  std::string to = dst.text();
+  if (::connect(fd.get(), dst.sa(), dst.len) != 0)
     return Error::fromErrno(errno, "connect " + to);
   char b = static_cast<char>(k);
   if (::send(fd.get(), &b, 1, MSG_NOSIGNAL) != 1) return Error::fromErrno(errno, "send to " + to);
@@ -66,6 +66,38 @@ sockaddr_in v4(const std::string& ip, uint16_t port) {
   a.sin_family = AF_INET;
   a.sin_port = htons(port);
   ::inet_pton(AF_INET, ip.c_str(), &a.sin_addr);
+  return a;
+}
+
+int Addr::index() const {
+  if (family() == AF_INET6) return reinterpret_cast<const sockaddr_in6&>(ss).sin6_addr.s6_addr[15];
+  return static_cast<int>(ntohl(reinterpret_cast<const sockaddr_in&>(ss).sin_addr.s_addr) & 0xff);
+}
+
+std::string Addr::text() const { return sockaddrText(sa()); }
+
+Addr addrOf(const sockaddr_in& a) {
+  Addr d;
+  std::memcpy(&d.ss, &a, sizeof(a));
+  d.len = sizeof(a);
+  return d;
+}
+
+Addr v6(const in6_addr& net, int k, uint16_t port) {
+  sockaddr_in6 a{};
+  a.sin6_family = AF_INET6;
+  a.sin6_port = htons(port);
+  a.sin6_addr = net;
+  a.sin6_addr.s6_addr[15] = static_cast<uint8_t>(k);
+  Addr d;
+  std::memcpy(&d.ss, &a, sizeof(a));
+  d.len = sizeof(a);
+  return d;
+}
+
+in6_addr parseV6(const char* text) {
+  in6_addr a{};
+  ::inet_pton(AF_INET6, text, &a);
   return a;
 }
 
@@ -100,7 +132,8 @@ ConnRateResult runConnRate(int nsfd, const DstFn& dst, const LoadOptions& o) {
     auto open = [&](size_t i) {
       Slot& s = slots[i];
       s.k = nextK++ % 250 + 1;
-      s.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      const Addr d = dst(s.k);
+      s.fd = ::socket(d.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
       if (s.fd < 0) {
         r.check.fail(errnoText("socket", errno));
         return;
@@ -108,10 +141,9 @@ ConnRateResult runConnRate(int nsfd, const DstFn& dst, const LoadOptions& o) {
       int one = 1;
       ::setsockopt(s.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       if (o.mss > 0) ::setsockopt(s.fd, IPPROTO_TCP, TCP_MAXSEG, &o.mss, sizeof(o.mss));
-      sockaddr_in d = dst(s.k);
       s.t0 = Clock::now();
-      if (::connect(s.fd, reinterpret_cast<sockaddr*>(&d), sizeof(d)) != 0 && errno != EINPROGRESS) {
-        r.check.fail(errnoText("connect " + sockaddrText(reinterpret_cast<sockaddr*>(&d)), errno));
+      if (::connect(s.fd, d.sa(), d.len) != 0 && errno != EINPROGRESS) {
+        r.check.fail(errnoText("connect " + d.text(), errno));
         closeSlot(s);
         return;
       }
@@ -141,8 +173,7 @@ ConnRateResult runConnRate(int nsfd, const DstFn& dst, const LoadOptions& o) {
           socklen_t len = sizeof(err);
           ::getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &err, &len);
           if (err != 0) {
-            sockaddr_in d = dst(s.k);
-            r.check.fail(errnoText("connect " + sockaddrText(reinterpret_cast<sockaddr*>(&d)), err));
+            r.check.fail(errnoText("connect " + dst(s.k).text(), err));
             closeSlot(s);
             open(i);
             continue;
@@ -260,12 +291,11 @@ RrResult runRr(int nsfd, const DstFn& dst, const LoadOptions& o) {
   return r;
 }
 
-BulkResult runBulk(int nsfd, const sockaddr_in& dst, const Sink& sink, const LoadOptions& o) {
+BulkResult runBulk(int nsfd, const Addr& dst, const Sink& sink, const LoadOptions& o) {
   BulkResult r;
   Status st = runInNetns(nsfd, [&]() -> Status {
     pinThisThread(o.cpu);
-    int k = static_cast<int>(ntohl(dst.sin_addr.s_addr) & 0xff);
-    auto c = connectAndGreet(dst, k, false, o.mss);
+    auto c = connectAndGreet(dst, dst.index(), false, o.mss);
     SLUICE_TRY(c);
     std::vector<char> buf(64 * 1024, 'b');
     auto [from, end] = windowOf(o);

@@ -2,9 +2,9 @@
 // client's network namespace (the pod for outbound traffic, the node for
 // inbound), pinned to one CPU, for a warm-up and then a measured window.
 //
-// Destinations are indexed by K in 1..250 ((net | K):port); the first byte a
-// client sends on a connection is K, which the sink checks against the
-// original destination it recovers.
+// Destinations are indexed by K in 1..250 ((net | K):port; IPv6: the
+// address's last byte is K); the first byte a client sends on a connection
+// is K, which the sink checks against the original destination it recovers.
 #pragma once
 
 #include <netinet/in.h>
@@ -20,7 +20,22 @@
 
 namespace sluice::bench {
 
-using DstFn = std::function<sockaddr_in(int k)>;
+/// A destination of either family.
+struct Addr {
+  sockaddr_storage ss{};
+  socklen_t len = 0;
+  const sockaddr* sa() const { return reinterpret_cast<const sockaddr*>(&ss); }
+  int family() const { return ss.ss_family; }
+  /// K: the address's last byte.
+  int index() const;
+  std::string text() const;
+};
+Addr addrOf(const sockaddr_in& a);
+/// @p net with its last byte replaced by @p k, at @p port.
+Addr v6(const in6_addr& net, int k, uint16_t port);
+in6_addr parseV6(const char* text);
+
+using DstFn = std::function<Addr(int k)>;
 
 struct LoadOptions {
   double warmup = 0.2;    ///< seconds before the measured window
@@ -71,7 +86,7 @@ struct BulkResult {
   RunCheck check;
 };
 /// One connection streaming 64 KiB writes into a sink in discard mode.
-BulkResult runBulk(int nsfd, const sockaddr_in& dst, const Sink& sink, const LoadOptions& o);
+BulkResult runBulk(int nsfd, const Addr& dst, const Sink& sink, const LoadOptions& o);
 
 struct DnsResult {
   double qps = 0;

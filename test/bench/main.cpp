@@ -47,7 +47,13 @@ Status setSlice(int nice, int sliceUs) {
   return {};
 }
 
-const std::vector<std::string> kWorkloads = {"conn_out", "conn_in", "rr_out", "rr_in", "bulk_out", "bulk_in", "dns"};
+const std::vector<std::string> kWorkloads = {"conn_out", "conn_in", "conn_out6", "conn_in6", "rr_out",
+                                             "rr_in",    "bulk_out", "bulk_in",  "dns"};
+
+/// Workloads whose clients run in the pod (outbound traffic).
+bool isOutboundWorkload(const std::string& w) {
+  return w == "conn_out" || w == "conn_out6" || w == "rr_out" || w == "bulk_out";
+}
 const std::vector<std::string> kPhases = {"traffic", "bpf", "enroll", "scale", "kube"};
 
 void usage(std::ostream& o) {
@@ -82,7 +88,8 @@ each figure is printed beside its case without XDP.
   --bpf-duration S      seconds per workload with BPF run-time stats on (1)
   --micro-runs N        BPF_PROG_TEST_RUN runs per packet kind (5000)
   --cases LIST          comma-separated subset of the cases (and XDP variants)
-  --workloads LIST      subset of conn_out,conn_in,rr_out,rr_in,bulk_out,bulk_in,dns
+  --workloads LIST      subset of conn_out,conn_in,conn_out6,conn_in6,rr_out,rr_in,
+                        bulk_out,bulk_in,dns (conn_*6: the same over IPv6)
   --phases LIST         subset of traffic,bpf,enroll,scale,kube
   --rules-dir DIR       Istio's rule files (<source>/test/bench/istio)
   --json PATH           write every figure as JSON
@@ -165,6 +172,14 @@ void declareMetrics(Results& r) {
       addMetric(r, "conn_in.rate", "inbound new connections", "conn/s", true);
       addMetric(r, "conn_in.cpu", "  CPU per inbound connection", "µs", false);
     }
+    if (w == "conn_out6") {
+      addMetric(r, "conn_out6.rate", "outbound new connections, v6", "conn/s", true);
+      addMetric(r, "conn_out6.cpu", "  CPU per outbound v6 conn", "µs", false);
+    }
+    if (w == "conn_in6") {
+      addMetric(r, "conn_in6.rate", "inbound new connections, v6", "conn/s", true);
+      addMetric(r, "conn_in6.cpu", "  CPU per inbound v6 conn", "µs", false);
+    }
     if (w == "rr_out") {
       addMetric(r, "rr_out.tps", "outbound request/response", "tx/s", true);
       addMetric(r, "rr_out.p50", "outbound req/resp latency p50", "µs", false);
@@ -226,10 +241,11 @@ Outcome measure(CaseEnv& env, const std::string& w, const Config& cfg, double du
   RunCheck check;
   uint64_t conns = 0;  // connections the sink must have verified
   uint64_t lost = 0;
-  if (w == "conn_out" || w == "conn_in") {
+  if (w == "conn_out" || w == "conn_in" || w == "conn_out6" || w == "conn_in6") {
     lo.concurrency = cfg.connConcurrency;
-    auto r = w == "conn_out" ? runConnRate(env.podFd(), env.outboundDst(), lo)
-                             : runConnRate(env.nodeFd(), env.inboundDst(), lo);
+    const int family = isIpv6Workload(w) ? AF_INET6 : AF_INET;
+    auto r = isOutboundWorkload(w) ? runConnRate(env.podFd(), env.outboundDst(family), lo)
+                                   : runConnRate(env.nodeFd(), env.inboundDst(family), lo);
     out.values[w + ".rate"] = r.rate;
     ops = r.rate * duration;
     check = r.check;
@@ -292,7 +308,7 @@ Outcome measure(CaseEnv& env, const std::string& w, const Config& cfg, double du
     // The BPF programs, not something else, must have done the redirect.
     uint64_t seen = 0;
     std::string counter;
-    if (w == "conn_out" || w == "rr_out" || w == "bulk_out") {
+    if (isOutboundWorkload(w)) {
       seen = p1.outbound_conns - p0.outbound_conns;
       counter = "outbound_conns";
     } else if (w == "dns") {

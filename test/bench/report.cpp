@@ -211,8 +211,10 @@ void issue16Targets(Results& r, const AddTarget& add, const RatioFn& medRatio, c
       bool met = atLeast ? v >= goal && mv >= goal : v <= goal && mv <= goal;
       add(sn + " " + m->label, std::string(atLeast ? "≥ " : "≤ ") + fmtNum(goal) + " × floor", v, both(v, mv), met);
     };
-    floorRatio("conn_out.rate", 0.98, true);
-    if (const Metric* m = r.metric("conn_out.rate")) {
+    for (const char* key : {"conn_out.rate", "conn_out6.rate"}) {
+      floorRatio(key, 0.98, true);
+      const Metric* m = r.metric(key);
+      if (!m) continue;
       double v = m->ratio(s, CaseKind::Iptables), mv = medRatio(m, s, CaseKind::Iptables);
       // No redirect can pass the floor: where the floor itself is under the
       // goal, the line says so.
@@ -224,6 +226,7 @@ void issue16Targets(Results& r, const AddTarget& add, const RatioFn& medRatio, c
       add(sn + " " + m->label, "≥ 1.45 × iptables", v, shown, v >= 1.45 && mv >= 1.45);
     }
     floorRatio("conn_in.rate", 0.98, true);
+    floorRatio("conn_in6.rate", 0.98, true);
     floorRatio("dns.qps", 0.95, true);
     floorRatio("rr_out.p99", 1.02, false);
     floorRatio("rr_in.p99", 1.02, false);
@@ -408,7 +411,7 @@ void printReport(const Results& r, std::ostream& out) {
   out << "\n";
 
   if (!r.metrics.empty()) {
-    out << "Traffic: IPv4, median of " << c.rounds << " interleaved round(s) of " << fmtNum(c.duration)
+    out << "Traffic: IPv4 (IPv6 where marked v6), median of " << c.rounds << " interleaved round(s) of " << fmtNum(c.duration)
         << " s (after " << fmtNum(c.warmup) << " s warm-up); ratios: median of the per-round ratios\n"
         << "  client on CPU " << c.clientCpu << ", sink on CPU " << c.sinkCpu
         << (c.rrSameCpu ? " (request/response: client on the sink's CPU)" : "") << ", nice " << c.nice
@@ -842,7 +845,7 @@ std::string toSvg(const Results& r) {
     bool failedAny = false;
   };
   std::vector<Panel> panels;
-  for (const char* key : {"conn_out.rate", "conn_in.rate", "dns.qps", "rr_out.tps", "rr_in.tps", "rr_out.p50",
+  for (const char* key : {"conn_out.rate", "conn_in.rate", "conn_out6.rate", "conn_in6.rate", "dns.qps", "rr_out.tps", "rr_in.tps", "rr_out.p50",
                           "rr_out.p99", "rr_in.p50", "rr_in.p99", "bulk_out.gbps", "bulk_in.gbps"}) {
     const Metric* m = r.metric(key);
     if (!m) continue;

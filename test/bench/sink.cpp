@@ -59,22 +59,30 @@ Result<Fd> udpSocket(uint16_t port, uint32_t mark) {
   return fd;
 }
 
-/// An IPv4 address out of a v4 or v4-mapped v6 sockaddr.
-bool toV4(const sockaddr_storage& ss, sockaddr_in& out) {
+/// K when @p ss (v4, v4-mapped v6 or v6) is one of the destinations @p want
+/// describes, else 0.
+int indexIn(const sockaddr_storage& ss, const Expect& want) {
+  uint32_t a = 0;
+  uint16_t port = 0;
   if (ss.ss_family == AF_INET) {
-    std::memcpy(&out, &ss, sizeof(out));
-    return true;
-  }
-  if (ss.ss_family == AF_INET6) {
+    const auto& s4 = reinterpret_cast<const sockaddr_in&>(ss);
+    a = ntohl(s4.sin_addr.s_addr);
+    port = ntohs(s4.sin_port);
+  } else if (ss.ss_family == AF_INET6) {
     const auto& s6 = reinterpret_cast<const sockaddr_in6&>(ss);
-    if (!IN6_IS_ADDR_V4MAPPED(&s6.sin6_addr)) return false;
-    out = {};
-    out.sin_family = AF_INET;
-    out.sin_port = s6.sin6_port;
-    std::memcpy(&out.sin_addr, &s6.sin6_addr.s6_addr[12], 4);
-    return true;
+    port = ntohs(s6.sin6_port);
+    const uint8_t* b = s6.sin6_addr.s6_addr;
+    if (!IN6_IS_ADDR_V4MAPPED(&s6.sin6_addr)) {
+      int k = b[15];
+      bool in = std::memcmp(b, want.net6.s6_addr, 15) == 0 && port == want.port && k >= 1 && k <= 250;
+      return in ? k : 0;
+    }
+    a = static_cast<uint32_t>(b[12]) << 24 | static_cast<uint32_t>(b[13]) << 16 | static_cast<uint32_t>(b[14]) << 8 | b[15];
+  } else {
+    return 0;
   }
-  return false;
+  int k = static_cast<int>(a & 0xff);
+  return (a & 0xffffff00u) == want.net && port == want.port && k >= 1 && k <= 250 ? k : 0;
 }
 
 void putU16(std::string& s, uint16_t v) {
@@ -204,15 +212,22 @@ void Sink::acceptAll(int lfd, bool outbound) {
     ::setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     const Expect& want = outbound ? cfg_.outbound : cfg_.inbound;
 
-    sockaddr_in od{};
+    sockaddr_storage od{};
     bool have = false;
     int soErr = 0;
-    sockaddr_in so{};
-    socklen_t soLen = sizeof(so);
+    sockaddr_storage so{};
     bool soOk = false;
     if (cfg_.method != OrigDstMethod::GetSockName || recording_.load(std::memory_order_relaxed)) {
-      soOk = ::getsockopt(c, SOL_IP, SO_ORIGINAL_DST, &so, &soLen) == 0;
-      if (!soOk) soErr = errno;
+      // ztunnel's order (src/socket.rs): SO_ORIGINAL_DST, then
+      // IP6T_SO_ORIGINAL_DST (the same option number at SOL_IPV6).
+      socklen_t soLen = sizeof(so);
+      soOk = ::getsockopt(c, SOL_IP, SO_ORIGINAL_DST, &so, &soLen) == 0 && so.ss_family == AF_INET;
+      if (!soOk) {
+        soErr = errno;
+        so = {};
+        soLen = sizeof(so);
+        soOk = ::getsockopt(c, SOL_IPV6, SO_ORIGINAL_DST, &so, &soLen) == 0 && so.ss_family == AF_INET6;
+      }
     }
     sockaddr_storage local{};
     socklen_t llen = sizeof(local);
@@ -224,7 +239,8 @@ void Sink::acceptAll(int lfd, bool outbound) {
       have = soOk;
       od = so;
     } else {
-      have = localOk && toV4(local, od);
+      have = localOk;
+      od = local;
     }
 
     int16_t state = -1;
@@ -233,14 +249,11 @@ void Sink::acceptAll(int lfd, bool outbound) {
               (cfg_.method == OrigDstMethod::SoOriginalDst ? std::string("SO_ORIGINAL_DST: ") + std::strerror(soErr)
                                                            : std::string("getsockname")) +
               ")");
+    } else if (int k = indexIn(od, want); k > 0) {
+      state = static_cast<int16_t>(k);
     } else {
-      uint32_t a = ntohl(od.sin_addr.s_addr);
-      uint32_t k = a & 0xff;
-      if ((a & 0xffffff00u) == want.net && ntohs(od.sin_port) == want.port && k >= 1 && k <= 250)
-        state = static_cast<int16_t>(k);
-      else
-        noteBad(std::string(outbound ? "outbound" : "inbound") + ": original destination " +
-                sockaddrText(reinterpret_cast<sockaddr*>(&od)) + " is not one the client dials");
+      noteBad(std::string(outbound ? "outbound" : "inbound") + ": original destination " +
+              sockaddrText(reinterpret_cast<sockaddr*>(&od)) + " is not one the client dials");
     }
 
     if (recording_.load(std::memory_order_relaxed)) {

@@ -27,15 +27,18 @@
 namespace sluice::bench {
 
 /// How the sink reads an accepted connection's original destination:
-/// getsockname (TPROXY-style delivery), SO_ORIGINAL_DST (REDIRECT), or as
-/// ztunnel does, SO_ORIGINAL_DST and getsockname when that fails.
+/// getsockname (TPROXY-style delivery), SO_ORIGINAL_DST (REDIRECT; then
+/// IP6T_SO_ORIGINAL_DST, as ztunnel asks), or as ztunnel does, those two
+/// and getsockname when both fail.
 enum class OrigDstMethod { GetSockName, SoOriginalDst, Ztunnel };
 
 /// The original destinations one listener must see: (net | K):port with K
-/// in 1..250; net is a /24 in host byte order.
+/// in 1..250; net is a /24 in host byte order. IPv6 connections: net6 with
+/// its last byte K.
 struct Expect {
   uint32_t net = 0;
   uint16_t port = 0;
+  in6_addr net6{};
 };
 
 struct SinkConfig {
@@ -56,7 +59,7 @@ struct ConnInfo {
   std::string listener;  ///< "outbound" | "inbound"
   std::string local;     ///< getsockname()
   std::string peer;
-  std::string soOriginalDst;  ///< "" when SO_ORIGINAL_DST failed
+  std::string soOriginalDst;  ///< "" when SO_ORIGINAL_DST and IP6T_SO_ORIGINAL_DST failed
   int soOriginalDstErrno = 0;
   std::string origDst;  ///< what the configured method gave
 };
