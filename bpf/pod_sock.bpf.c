@@ -157,6 +157,19 @@ static __always_inline __u16 proxy_lo_of(const struct sa_addr *x)
 	return a & 0xffffu;
 }
 
+/* The orig_dst key of a captured connection: its netns, the app's end
+ * (address, port: network order) and proxy_lo of the proxy's end. */
+static __always_inline void orig_key(struct sluice_orig_key *k, __u64 cookie, const struct sa_addr *app,
+				     __u16 app_port, __u16 proxy_lo)
+{
+	__builtin_memset(k, 0, sizeof(*k));
+	k->netns_cookie = cookie;
+	__builtin_memcpy(k->addr, app->a, 16);
+	k->port = app_port;
+	k->family = app->family;
+	k->proxy_lo = proxy_lo;
+}
+
 /* Whether the proxy's IPv6 listener on port (host order) is in
  * sock_listeners, where pod_sk_lookup finds it: one a proxy opened while
  * this build's pod_sockops ran (an earlier build kept only the inbound
@@ -484,12 +497,7 @@ int pod_getsockopt(struct bpf_sockopt *ctx)
 		sa_read_peer(sk, &peer);
 		sa_read_bound(sk, &self);
 		self.port = bpf_htons((__u16)sk->src_port);
-		__builtin_memset(&k, 0, sizeof(k));
-		k.netns_cookie = bpf_get_netns_cookie(ctx);
-		__builtin_memcpy(k.addr, peer.a, 16);
-		k.port = peer.port;
-		k.family = peer.family;
-		k.proxy_lo = proxy_lo_of(&self);
+		orig_key(&k, bpf_get_netns_cookie(ctx), &peer, peer.port, proxy_lo_of(&self));
 		filed = bpf_map_lookup_elem(&orig_dst, &k);
 		if (!filed && k.proxy_lo) {
 			/* Filed by the sockops program of an earlier build, in the
@@ -611,12 +619,7 @@ static __always_inline int sockops_connect(struct bpf_sock_ops *ops)
 		return 1;
 	sa_read_bound(sk, &self);
 	sa_read_peer(sk, &proxy);
-	__builtin_memset(&k, 0, sizeof(k));
-	k.netns_cookie = bpf_get_netns_cookie(ops);
-	__builtin_memcpy(k.addr, self.a, 16);
-	k.port = bpf_htons((__u16)ops->local_port);
-	k.family = self.family;
-	k.proxy_lo = proxy_lo_of(&proxy);
+	orig_key(&k, bpf_get_netns_cookie(ops), &self, bpf_htons((__u16)ops->local_port), proxy_lo_of(&proxy));
 	bpf_map_update_elem(&orig_dst, &k, o, BPF_ANY);
 	return 1;
 }
@@ -748,17 +751,20 @@ static __always_inline int to_outbound_lo6(struct bpf_sk_lookup *ctx, const stru
 					   __u64 cookie, const struct sa_addr *remote)
 {
 	struct sluice_orig_key k;
+	struct sa_addr local;
 	__u32 port = ctx->local_port, remote_port = ctx->remote_port;
 
-	if (!is_proxy_lo6_port(port) || ctx->local_ip6[0] || ctx->local_ip6[1] || ctx->local_ip6[2] ||
-	    ctx->local_ip6[3] != bpf_htonl(1))
+	if (!is_proxy_lo6_port(port))
 		return -1;
-	__builtin_memset(&k, 0, sizeof(k));
-	k.netns_cookie = cookie;
-	__builtin_memcpy(k.addr, remote->a, 16);
-	k.port = (__u16)remote_port;
-	k.family = AF_INET6;
-	k.proxy_lo = (__u16)port;
+	__builtin_memset(&local, 0, sizeof(local));
+	local.family = AF_INET6;
+	local.a[0] = ctx->local_ip6[0];
+	local.a[1] = ctx->local_ip6[1];
+	local.a[2] = ctx->local_ip6[2];
+	local.a[3] = ctx->local_ip6[3];
+	if (!sa_is_loopback(&local))
+		return -1;
+	orig_key(&k, cookie, remote, (__u16)remote_port, (__u16)port);
 	if (!bpf_map_lookup_elem(&orig_dst, &k))
 		return -1;
 	if (to_proxy_listener(ctx, cookie, cfg->outbound_port) == 0)
