@@ -16,7 +16,9 @@
  *   the proxy's spoofed connection to an app (rule 4): pod_skb_ingress
  *        gives its SYN the return mark, which the app's accepted socket
  *        keeps (tcp_fwmark_accept): replies are routed back locally
- *   raw sockets of the pod: TCP they build is dropped (pod_skb_egress)
+ *   what leaves the pod uncaptured all the same (raw sockets, source
+ *        routes, loopback ends, a TCP SYN or UDP DNS past the hooks):
+ *        dropped at the pod's interfaces (pod_skb_egress)
  *
  * Every program but pod_sk_lookup runs for every socket of the cgroup it
  * is attached to (the node's); the netns cookie selects the pod's settings
@@ -32,6 +34,7 @@
 #include "lib/sock_maps.h"
 #include "lib/sock_addr.h"
 #include "lib/pod.h"
+#include "lib/parse.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
@@ -693,12 +696,18 @@ static __always_inline int is_proxy_conn(struct bpf_sk_lookup *ctx, __u64 cookie
 	return bpf_map_lookup_elem(&proxy_conns, &k) != 0;
 }
 
-/* Hands the connection to the proxy's listener on port: the first slot
- * filled, sockets of the connection's family first, then (IPv4) dual-stack
- * ones. 0 when handed over. */
+/* Hands the connection to the proxy's listener on port: one of the
+ * sockets registered there (the proxy's own, by pod_sockops: its mark, and
+ * its cgroups when known), sockets of the connection's family first, then
+ * (IPv4) dual-stack ones; a start slot from the client's port spreads
+ * connections over several. That socket itself, not its reuseport group:
+ * any socket of the proxy's uid may join the group (SO_REUSEPORT on the
+ * same port), an app's too, and would get a share of the connections.
+ * 0 when handed over. */
 static __always_inline long to_proxy_listener(struct bpf_sk_lookup *ctx, __u64 cookie, __u16 port)
 {
 	struct sluice_sock_listener_key k = { .netns_cookie = cookie, .port = port };
+	__u32 start = ctx->remote_port % SLUICE_LISTENER_SLOTS;
 	struct bpf_sock *sk;
 	long err = -1;
 	int f, i;
@@ -710,11 +719,11 @@ static __always_inline long to_proxy_listener(struct bpf_sk_lookup *ctx, __u64 c
 		k.family = f == 0 ? ctx->family : AF_INET6;
 #pragma unroll
 		for (i = 0; i < SLUICE_LISTENER_SLOTS; i++) {
-			k.slot = i;
+			k.slot = (start + i) % SLUICE_LISTENER_SLOTS;
 			sk = bpf_map_lookup_elem(&sock_listeners, &k);
 			if (!sk)
 				continue;
-			err = bpf_sk_assign(ctx, sk, 0);
+			err = bpf_sk_assign(ctx, sk, BPF_SK_LOOKUP_F_NO_REUSEPORT);
 			bpf_sk_release(sk);
 			if (err == 0)
 				return 0;
@@ -880,23 +889,6 @@ int pod_skb_ingress(struct __sk_buff *skb)
 	return 1;
 }
 
-/* IP packets a raw socket hands the kernel that may carry TCP, or whose
- * payload cannot be told cheaply (IPv4 later fragments, IPv6 extension
- * headers). Other protocols (ICMP, UDP, VRRP...) pass. */
-static __always_inline int raw_may_be_tcp(struct __sk_buff *skb)
-{
-	__u8 h[10];
-
-	if (bpf_skb_load_bytes(skb, 0, h, sizeof(h)) < 0)
-		return 1;
-	if ((h[0] >> 4) == 4)
-		return h[9] == IPPROTO_TCP || (((h[6] & 0x1f) | h[7]) != 0);
-	if ((h[0] >> 4) == 6)
-		return h[6] == IPPROTO_TCP || h[6] == IPPROTO_HOPOPTS || h[6] == IPPROTO_ROUTING ||
-		       h[6] == IPPROTO_FRAGMENT || h[6] == IPPROTO_DSTOPTS || h[6] == IPPROTO_AH;
-	return 1;
-}
-
 /*
  * Fail closed on raw sockets: connect() is where the socket mode captures
  * TCP, and a raw socket (CAP_NET_RAW, which containers have by default)
@@ -927,24 +919,150 @@ int pod_sock_create(struct bpf_sock *sk)
 	return 1;
 }
 
+/* An IPv4 packet's options (after the 20-byte header) hold a source route
+ * (loose or strict): the packet goes to the first hop, its destination is
+ * in the option. Options that cannot be walked count as one. The walk is a
+ * bpf_loop callback (5.17+, as the socket mode needs anyway): verified
+ * once, where an open loop's paths multiply past the verifier's limit. */
+struct ipv4_opts {
+	__u8 opt[64]; /* 40 at most; indexed masked, which the verifier follows */
+	__u32 len;
+	__u32 i;
+	int srcroute;
+};
+
+static long ipv4_opt_step(__u32 n, void *ctx)
+{
+	struct ipv4_opts *o = ctx;
+	__u32 i = o->i;
+	__u8 t, l;
+
+	if (i >= o->len)
+		return 1;
+	t = o->opt[i & 63];
+	if (t == 0) /* end of the list */
+		return 1;
+	if (t == 1) { /* no-op */
+		o->i = i + 1;
+		return 0;
+	}
+	l = o->opt[(i + 1) & 63];
+	if (t == 0x83 || t == 0x89 || l < 2 || i + 1 >= o->len) { /* LSRR, SSRR, or unreadable */
+		o->srcroute = 1;
+		return 1;
+	}
+	o->i = i + l;
+	return 0;
+}
+
+static __always_inline int ipv4_srcroute(struct __sk_buff *skb, __u32 ihl)
+{
+	struct ipv4_opts o;
+
+	if (ihl <= 5)
+		return 0;
+	__builtin_memset(&o, 0, sizeof(o));
+	o.len = ihl * 4 - 20;
+	if (o.len > 40 || bpf_skb_load_bytes(skb, 20, o.opt, o.len) < 0)
+		return 1;
+	bpf_loop(40, ipv4_opt_step, &o, 0);
+	return o.srcroute;
+}
+
+static __always_inline int flow_is_loopback(const struct flow *f)
+{
+	return addr_is_loopback(f->saddr, f->family) || addr_is_loopback(f->daddr, f->family);
+}
+
+static __always_inline int flow_to_probe(const struct sluice_settings *cfg, const struct flow *f)
+{
+	if (f->family == AF_INET)
+		return f->daddr[0] == cfg->probe_v4;
+	const __u32 *p6 = (const __u32 *)cfg->probe_v6;
+
+	return ((f->daddr[0] ^ p6[0]) | (f->daddr[1] ^ p6[1]) | (f->daddr[2] ^ p6[2]) | (f->daddr[3] ^ p6[3])) == 0;
+}
+
+/*
+ * The guard at the pod's interfaces: what leaves an enrolled pod through
+ * an interface other than lo, sent by one of its apps' sockets, that the
+ * socket hooks would have captured or cannot have judged. Captured traffic
+ * never takes this way (it goes to the proxy over lo), so whatever does
+ * slipped past the decision at connect()/sendmsg():
+ *  - from a raw socket the pod's app opened (tagged by pod_sock_create):
+ *    TCP, DNS (UDP to port 53, DNS capture on), and what cannot be told
+ *    (fragments, extension headers past the walk) -- a raw socket builds
+ *    its packets without passing the hooks at all;
+ *  - from any app socket: a loopback source or destination (a socket bound
+ *    to 127.0.0.1 or ::1 that connected out), a source route (IP_OPTIONS
+ *    LSRR/SSRR, an IPv6 routing header: the decision saw the final address,
+ *    the packet goes to the first hop), a TCP connection still opening
+ *    (SYN_SENT) to anything but the probe address (rule 1 sends every other
+ *    one to the proxy over lo), UDP to port 53 (DNS capture on: a socket
+ *    connected to the resolver before the pod was enrolled sends without
+ *    passing sendmsg).
+ * Dropped and counted. Sockets of the proxy (its mark, and its cgroups
+ * when known) pass; so do the kernel's own (request and time-wait socks,
+ * its control sockets, which carry no tag) and established connections,
+ * which were decided when they began.
+ */
 SEC("cgroup_skb/egress")
 int pod_skb_egress(struct __sk_buff *skb)
 {
+	const struct sluice_settings *cfg;
+	const struct sluice_pod_sock *pod;
 	struct sluice_sock_orig *o;
 	struct bpf_sock *sk = skb->sk;
+	struct flow f;
 	__u64 cookie;
+	__u8 vhl;
+	int r, raw, escapes;
 
-	if (!sk)
+	if (!sk || skb->ifindex == SLUICE_LOOPBACK_IFINDEX)
 		return 1;
 	sk = bpf_sk_fullsock(sk);
-	if (!sk || sk->type != SOCK_RAW || skb->ifindex == SLUICE_LOOPBACK_IFINDEX)
+	if (!sk)
 		return 1;
-	o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
-	if (!o || o->kind != SLUICE_SOCK_RAW)
+	cfg = settings_get();
+	if (!cfg)
 		return 1;
-	if (sk->protocol != IPPROTO_TCP && !raw_may_be_tcp(skb))
+	raw = sk->type == SOCK_RAW;
+	if (raw) {
+		o = bpf_sk_storage_get(&sock_orig, sk, 0, 0);
+		if (!o || o->kind != SLUICE_SOCK_RAW)
+			return 1;
+	} else if ((sk->mark & cfg->mark_mask) == cfg->proxy_mark && proxy_marked_is_proxy(skb)) {
 		return 1;
+	}
+	__builtin_memset(&f, 0, sizeof(f));
+	if (load_hdr(skb, 0, &vhl, 1) < 0) {
+		r = PARSE_DROP;
+	} else if ((vhl >> 4) == 4) {
+		r = parse_ipv4(skb, &f);
+		if (ipv4_srcroute(skb, vhl & 0xf))
+			f.srcroute = 1;
+	} else if ((vhl >> 4) == 6) {
+		r = parse_ipv6(skb, &f);
+	} else {
+		r = raw ? PARSE_DROP : PARSE_OTHER;
+	}
+	if (r == PARSE_OK && f.proto == IPPROTO_UDP && load_hdr(skb, f.l4_off + 2, &f.dport, 2) < 0)
+		r = PARSE_DROP;
+
+	escapes = r == PARSE_DROP || f.srcroute || flow_is_loopback(&f);
+	if (raw)
+		escapes = escapes || f.proto == IPPROTO_TCP;
+	else if (sk->protocol == IPPROTO_TCP)
+		escapes = escapes || (sk->state == BPF_TCP_SYN_SENT && !flow_to_probe(cfg, &f));
+	if (!escapes && !(r == PARSE_OK && f.proto == IPPROTO_UDP && f.dport == bpf_htons(53)))
+		return 1;
+	/* Rare from here on: the pod (and its DNS setting) decides. */
 	cookie = pod_cookie(skb);
+	pod = bpf_map_lookup_elem(&pod_sock, &cookie);
+	if (!pod)
+		return 1;
+	if (!escapes && !(pod->flags & SLUICE_POD_DNS_CAPTURE))
+		return 1;
 	SLUICE_COUNT(cookie, dropped_pkts);
 	return 0;
 }

@@ -59,6 +59,7 @@ struct flow {
 	__u8 proto;
 	__u8 tcp_flags;
 	__u8 frag; /* set by the parser: the packet is a first or atomic fragment */
+	__u8 srcroute; /* set by the IPv6 parser: a routing header was walked */
 	__u32 l3_off;
 	__u32 l4_off;
 };
@@ -138,6 +139,8 @@ static __always_inline int parse_ipv6(struct __sk_buff *skb, struct flow *f)
 		case IPPROTO_HOPOPTS:
 		case IPPROTO_ROUTING:
 		case IPPROTO_DSTOPTS:
+			if (nexthdr == IPPROTO_ROUTING)
+				f->srcroute = 1;
 			if (load_hdr(skb, off, hdr, 2) < 0)
 				return PARSE_DROP;
 			nexthdr = hdr[0];
