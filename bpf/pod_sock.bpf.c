@@ -699,15 +699,16 @@ static __always_inline int is_proxy_conn(struct bpf_sk_lookup *ctx, __u64 cookie
 /* Hands the connection to the proxy's listener on port: one of the
  * sockets registered there (the proxy's own, by pod_sockops: its mark, and
  * its cgroups when known), sockets of the connection's family first, then
- * (IPv4) dual-stack ones; a start slot from the client's port spreads
- * connections over several. That socket itself, not its reuseport group:
+ * (IPv4) dual-stack ones; a start slot from a hash of the client's port
+ * spreads connections over several. That socket itself, not its reuseport group:
  * any socket of the proxy's uid may join the group (SO_REUSEPORT on the
  * same port), an app's too, and would get a share of the connections.
  * 0 when handed over. */
 static __always_inline long to_proxy_listener(struct bpf_sk_lookup *ctx, __u64 cookie, __u16 port)
 {
 	struct sluice_sock_listener_key k = { .netns_cookie = cookie, .port = port };
-	__u32 start = ctx->remote_port % SLUICE_LISTENER_SLOTS;
+	/* Ports of a client's connections are often all even: hashed first. */
+	__u32 start = ((ctx->remote_port * 2654435761u) >> 16) % SLUICE_LISTENER_SLOTS;
 	struct bpf_sock *sk;
 	long err = -1;
 	int f, i;

@@ -20,6 +20,7 @@
 #include "loader/privileges.h"
 #include "loader/netlink.h"
 #include "loader/netns.h"
+#include "loader/pod_guard.h"
 #include "loader/pod_stats.h"
 #include "loader/sock_hooks.h"
 #include "loader/socket_capture.h"
@@ -331,6 +332,7 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const EnrollHook* hook) {
   SLUICE_TRY(capture);
   const bool socketMode = *capture == CaptureMode::Socket;
   rec.capture = socketMode ? SLUICE_CAPTURE_SOCKET : SLUICE_CAPTURE_TC;
+  ensurePodGuardFor();
   rec.fwmark_accept_before = -1;
   std::vector<sluice_pod_addr> sockAddrs;  // socket mode: the pod's addresses for pod_sock
   if (socketMode && !programs_->pods.lookup(podKey(id))) {
@@ -649,6 +651,19 @@ Result<CaptureMode> Datapath::resolveCapture(CaptureMode requested) const {
 }
 
 Result<std::string> Datapath::nodeCgroup() const { return nodeHookCgroup(options_.cgroupPath); }
+
+void Datapath::ensurePodGuardFor() {
+  if (podGuardChecked_) return;
+  podGuardChecked_ = true;
+  // Not an enrollment's failure: without the guard the pods are as safe as
+  // the capture modes make them, and status says what is missing.
+  auto guard = ensurePodGuard(options_.bpffsRoot);
+  if (!guard.ok())
+    spdlog::warn("pod guard not attached: {}; apps holding CAP_NET_RAW can send frames past the proxy",
+                 guard.error().message);
+  else if (!guard->active)
+    spdlog::warn("pod guard inactive: {}; apps holding CAP_NET_RAW can send frames past the proxy", guard->why);
+}
 
 Status Datapath::ensureNodeHooksFor() {
   auto cg = nodeCgroup();

@@ -246,6 +246,10 @@ class Datapath {
   std::unique_ptr<PodPrograms> staging_;
   /// The cgroup (path, id) ensureNodeHooksFor last checked fully.
   std::optional<std::pair<std::string, uint64_t>> nodeHooksChecked_;
+  /// The pod guard (loader/pod_guard.h) was ensured by this Datapath:
+  /// once per process, at its first enrollment, in either mode.
+  bool podGuardChecked_ = false;
+  void ensurePodGuardFor();
 };
 
 }  // namespace sluice

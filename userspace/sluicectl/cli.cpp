@@ -334,6 +334,7 @@ BpffsReport inspectBpffsForStatus(const Command& cmd, const std::optional<agent:
     b.localNote = m.error().message;
   }
   b.programs = inspectProgramPins(cmd.bpffsRoot);
+  b.podGuard = podGuardState(cmd.bpffsRoot);
   return b;
 }
 
@@ -450,6 +451,8 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                        {"program_ids", pp.programIds},
                        {"problem", pp.problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(pp.problem)},
                        {"describe", describePrograms(pp)}};
+      j["pod_guard"] = {{"active", bpffs->podGuard.active},
+                        {"why", bpffs->podGuard.why.empty() ? nlohmann::json(nullptr) : nlohmann::json(bpffs->podGuard.why)}};
       j["agent"] = nullptr;
       if (bpffs->agent)
         j["agent"] = {{"socket", bpffs->socket},
@@ -478,6 +481,13 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
     o << "bpffs              " << bpffs->root << ": "
       << (bpffs->local ? describeMount(*bpffs->local) : bpffs->localNote) << "\n";
     o << "programs           " << describePrograms(bpffs->programs) << "\n";
+    o << "pod guard          "
+      << (bpffs->podGuard.active
+              ? std::string("active (BPF LSM): pods' apps without CAP_NET_ADMIN get no packet or XDP socket, "
+                            "and cannot bind the proxy's ports")
+              : "INACTIVE: " + bpffs->podGuard.why +
+                    "; apps holding CAP_NET_RAW can send frames past the proxy (README, \"Fail closed\")")
+      << "\n";
     o << "agent              "
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
     if (bpffs->agent) o << "kubernetes         " << describeAgentKube(*bpffs->agent) << "\n";

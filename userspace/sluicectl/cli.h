@@ -9,6 +9,7 @@
 #include "loader/bpffs.h"
 #include "loader/datapath.h"
 #include "loader/features.h"
+#include "loader/pod_guard.h"
 #include "loader/result.h"
 #include "userspace/agent/protocol.h"
 
@@ -64,6 +65,7 @@ struct BpffsReport {
   std::string socket;
   std::optional<agent::Health> agent;  ///< nullopt: no agent answers
   PinnedProgramsInfo programs;         ///< the programs pinned under root
+  PodGuardReport podGuard;             ///< the BPF LSM guard under root (loader/pod_guard.h)
 };
 
 /// Fills BpffsReport for cmd's --bpffs (this process's view) and the
