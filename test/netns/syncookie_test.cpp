@@ -70,8 +70,8 @@ class SynCookie : public ::testing::TestWithParam<SynCookieParam> {
   std::string loopback() const { return family() == AF_INET ? "127.0.0.1" : "::1"; }
   std::string attacker() const { return family() == AF_INET ? "10.200.0.66" : "fd00:200::66"; }
 
-  void enrollWithProxy() {
-    auto info = h_->enroll();
+  void enrollWithProxy(PodSpec spec = {}) {
+    auto info = h_->enroll(spec);
     ASSERT_TRUE(info.ok()) << info.error().message;
     Status st = h_->startStandIn(testStandInConfig());
     ASSERT_TRUE(st.ok()) << st.error().message;
@@ -145,11 +145,11 @@ class SynCookie : public ::testing::TestWithParam<SynCookieParam> {
 TEST_P(SynCookie, CookieHandshakeIsCompletedByProxy) {
   auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
   ASSERT_TRUE(app.ok()) << app.error().message;
-  enrollWithProxy();
+  ASSERT_NO_FATAL_FAILURE(enrollWithProxy());
   const Endpoint target = Endpoint::of(podIp(), (*app)->port());
 
   std::set<std::string> peers;
-  connectThroughProxy(target, peers);
+  ASSERT_NO_FATAL_FAILURE(connectThroughProxy(target, peers));
   auto ev = h_->waitForEvent("inbound");
   ASSERT_TRUE(ev) << describe(h_->events());
   EXPECT_EQ(ev->listenerPort, 15006);
@@ -172,12 +172,12 @@ TEST_P(SynCookie, CookieHandshakeIsCompletedByProxy) {
 TEST_P(SynCookie, AppCannotTakeConnectionsThroughTheProxysCookies) {
   auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
   ASSERT_TRUE(app.ok()) << app.error().message;
-  enrollWithProxy();
-  appOverflowsItsOwnListener(**app);
+  ASSERT_NO_FATAL_FAILURE(enrollWithProxy());
+  ASSERT_NO_FATAL_FAILURE(appOverflowsItsOwnListener(**app));
   const Endpoint target = Endpoint::of(podIp(), (*app)->port());
 
   std::set<std::string> peers;
-  for (int i = 0; i < 3; i++) connectThroughProxy(target, peers);
+  for (int i = 0; i < 3; i++) ASSERT_NO_FATAL_FAILURE(connectThroughProxy(target, peers));
   ASSERT_EQ(peers.size(), 3u);
   ASSERT_TRUE(eventually([&] { return h_->events("inbound").size() >= 3; }, kIoTimeout))
       << "connections the proxy never saw:" << describe(h_->events());
@@ -195,8 +195,8 @@ TEST_P(SynCookie, AppCannotTakeConnectionsThroughTheProxysCookies) {
 TEST_P(SynCookie, CookieAckWithoutProxyListenerIsDropped) {
   auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
   ASSERT_TRUE(app.ok()) << app.error().message;
-  enrollWithProxy();
-  appOverflowsItsOwnListener(**app);
+  ASSERT_NO_FATAL_FAILURE(enrollWithProxy());
+  ASSERT_NO_FATAL_FAILURE(appOverflowsItsOwnListener(**app));
 
   // Answers to the attacker's address leave on the veth, where the
   // AF_PACKET socket captures them, and die at the node (no forwarding).
@@ -248,6 +248,27 @@ TEST_P(SynCookie, CookieAckWithoutProxyListenerIsDropped) {
   std::this_thread::sleep_for(200ms);  // an accept, had the ACK completed a connection
   EXPECT_EQ((*app)->accepted(), 1u) << "the app's own listener accepted the proxy's cookie";
   for (const auto& p : (*app)->peers()) EXPECT_NE(p.ip(), attacker());
+}
+
+// The near-miss: with inbound capture off the SYN is the app's, and so is
+// the cookie ACK (the app's listener issued the cookie and accepts it); the
+// proxy sees nothing, nothing is dropped.
+TEST_P(SynCookie, InboundCaptureOffLeavesCookieHandshakeToTheApp) {
+  auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  PodSpec spec;
+  spec.inboundCapture = false;
+  ASSERT_NO_FATAL_FAILURE(enrollWithProxy(spec));
+
+  auto c = tcpConnect(h_->node(), Endpoint::of(podIp(), (*app)->port()));
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto echoed = echoRoundTrip(c->get(), "direct cookie");
+  ASSERT_TRUE(echoed.ok()) << echoed.error().message;
+  EXPECT_EQ(*echoed, "direct cookie");
+  ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout));
+  EXPECT_EQ((*app)->peers().front().str(), localOf(c->get()).str());
+  EXPECT_TRUE(h_->events().empty()) << describe(h_->events());
+  EXPECT_EQ(h_->stats().dropped_pkts, 0u);
 }
 
 INSTANTIATE_TEST_SUITE_P(All, SynCookie,
