@@ -406,6 +406,59 @@ static __always_inline int ingress_owned_data(struct __sk_buff *skb)
 	return SLUICE_DONE;
 }
 
+/* Rule 6's reach, with rules 7 and 8 and the options: what a SYN arriving
+ * at the pod (not on a reroute interface) is handed to 15006 for. */
+static __always_inline int inbound_captured(const struct ctx *c)
+{
+	return (c->pod->flags & SLUICE_POD_INBOUND_CAPTURE) &&
+	       c->f.dport != bpf_htons(c->cfg->hbone_port) && /* rule 7 */
+	       !is_probe_addr(c, c->f.saddr) &&                 /* rule 8 */
+	       !addr_is_loopback(c->f.daddr, c->f.family);
+}
+
+/*
+ * Rule 6 for a later segment (no SYN) arriving at the pod: it goes to the
+ * socket that owns its connection -- established, SYN_SENT, time-wait or
+ * request socket -- untouched, so replies to connections opened outwards
+ * and everything of a live connection are never hijacked. A segment that
+ * no socket owns belongs to no connection here: the ACK that completes a
+ * handshake the proxy's listener answered with a SYN cookie (no request
+ * socket is kept), or a stray. It goes where its SYN would have gone, to
+ * the 15006 listener, which judges it: accepts a valid cookie, answers
+ * other ACKs with a reset, ignores resets -- what Istio's REDIRECT
+ * (conntrack) and TPROXY do too. Left to the stack, it would reach
+ * whatever listens on the destination port: the cookie secret is per
+ * host, so an app whose listener overflowed recently accepts a cookie the
+ * proxy issued, and the connection bypasses the proxy; without such an
+ * app, every cookie handshake would be reset. No proxy listener: dropped
+ * and counted (fail closed), never the app's.
+ *
+ * The price is a socket lookup for each inbound TCP segment of a pod
+ * whose inbound traffic is captured (iptables' TPROXY path does the same
+ * per packet). Reroute interfaces, where only SYNs are captured (to
+ * 15001), keep the old rule.
+ */
+static __always_inline int ingress_later(struct ctx *c)
+{
+	struct bpf_sock *sk;
+
+	if (c->pod->reroute_count && is_reroute_iface(c))
+		return pass(c);
+	if (!inbound_captured(c))
+		return pass(c);
+	sk = owner_lookup(c->skb, &c->f);
+	if (sk) {
+		bpf_sk_release(sk);
+		return pass(c);
+	}
+	if (to_listener(c, c->f.daddr, c->cfg->inbound_port) < 0)
+		return TC_ACT_SHOT;
+	SLUICE_COUNT(c->cookie, owned_pkts);
+	/* Handed on like the SYN: the programs after sluice see inbound
+	 * connection set-up as they would after Istio's rules. */
+	return SLUICE_NEXT;
+}
+
 SEC("tc")
 int pod_ingress(struct __sk_buff *skb)
 {
@@ -419,14 +472,12 @@ int pod_ingress(struct __sk_buff *skb)
 	if ((mark & SLUICE_TAG_MASK) == SLUICE_TAG_MAGIC)
 		return ctx_init(&c, skb) ? ingress_looped(&c, mark & ~SLUICE_TAG_MASK) : SLUICE_NEXT;
 
-	/* Rules 9 and 6: only TCP connection set-up is captured; every later
-	 * packet goes to the socket that owns its connection. Decided before
-	 * any map lookup: most packets are these. What cannot be judged is
+	/* Rules 9 and 6: only TCP is captured. What cannot be judged is
 	 * dropped: the stack would reassemble it (or find the TCP header
 	 * behind a long chain) after this hook. */
 	switch (parse_flow(skb, &c.f)) {
 	case PARSE_OK:
-		if (c.f.proto != IPPROTO_TCP || !flow_is_syn(&c.f))
+		if (c.f.proto != IPPROTO_TCP)
 			return SLUICE_NEXT;
 		break;
 	case PARSE_DROP:
@@ -436,6 +487,8 @@ int pod_ingress(struct __sk_buff *skb)
 	}
 	if (!ctx_init(&c, skb))
 		return SLUICE_NEXT;
+	if (!flow_is_syn(&c.f))
+		return ingress_later(&c);
 
 	/* Virtual interfaces: TCP arriving there is outbound traffic. A real
 	 * inbound packet handed to the proxy goes on to the next program (lib/
@@ -447,10 +500,7 @@ int pod_ingress(struct __sk_buff *skb)
 		SLUICE_COUNT(c.cookie, outbound_conns);
 		return SLUICE_NEXT;
 	}
-	if (!(c.pod->flags & SLUICE_POD_INBOUND_CAPTURE) ||
-	    c.f.dport == bpf_htons(c.cfg->hbone_port) ||        /* rule 7 */
-	    is_probe_addr(&c, c.f.saddr) ||                       /* rule 8 */
-	    addr_is_loopback(c.f.daddr, c.f.family))
+	if (!inbound_captured(&c))
 		return pass(&c);
 	if (to_listener(&c, c.f.daddr, c.cfg->inbound_port) < 0) /* rule 6 */
 		return TC_ACT_SHOT;

@@ -382,17 +382,24 @@ Prediction ingress(const View& v, const Bytes& frame, uint32_t mark, const Env& 
     case Kind::Transport: break;
   }
   if (v.proto != IPPROTO_TCP) return o.next("rule 9: not TCP");
-  if (!isSetup(v.flags)) return o.next("rule 6: only set-up is captured");
   if (!env.settings || !env.enrolled) return o.next("not enrolled");
+  const bool setup = isSetup(v.flags);
   for (uint32_t i : env.reroute)
-    if (i == env.ifindex)
+    if (i == env.ifindex) {
+      if (!setup) return o.next("virtual interface: only set-up is redirected");
       return env.listeners ? o.handOff("virtual interface: to 15001 (Istio: -i IF -p tcp REDIRECT 15001)")
                            : o.drop("virtual interface: no 15001 listener");
+    }
   if (!(env.flags & SLUICE_POD_INBOUND_CAPTURE)) return o.next("inbound capture off");
   if (v.dport == kHbonePort) return o.next("rule 7: HBONE");
   if (v.src == probeAddr(v.family)) return o.next("rule 8: from the probe address");
   if (isLoopback(v.dst)) return o.next("to loopback: not inbound");
-  return env.listeners ? o.handOff("rule 6: to 15006") : o.drop("rule 6: no 15006 listener");
+  if (setup) return env.listeners ? o.handOff("rule 6: to 15006") : o.drop("rule 6: no 15006 listener");
+  // Rule 6, a later segment: a local socket's if one owns its connection;
+  // one no socket owns (a SYN-cookie ACK, a stray) goes where its SYN would.
+  if (owned(env, v)) return o.next("rule 6: a later segment goes to the socket that owns it");
+  return env.listeners ? o.handOff("rule 6: a segment no socket owns (SYN cookie) to 15006")
+                       : o.drop("rule 6: a segment no socket owns, no 15006 listener");
 }
 
 Prediction loEgress(const View& v, const Bytes& frame, uint32_t mark, const Env& env) {

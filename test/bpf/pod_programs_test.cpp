@@ -267,19 +267,68 @@ std::vector<Case> ingressCases() {
     cs.push_back({.name = nm(f, "syn_to_loopback_passes"),
                   .what = "a SYN to the loopback address is not captured",
                   .prog = Prog::Ingress, .in = Packet::tcp(f.remote, kApp, f.loopback, 8080)});
-    // Rule 6: only set-up.
-    cs.push_back({.name = nm(f, "ack_passes"),
-                  .what = "rule 6: only connection set-up is captured; an ACK goes to its owner",
-                  .prog = Prog::Ingress, .in = in(8080, ACK)});
-    cs.push_back({.name = nm(f, "synack_passes"),
+    // Rule 6, later segments: a socket's if one owns the connection, else
+    // (a SYN-cookie ACK, a stray) 15006's like the SYN -- none here: dropped.
+    // The sandbox connection: the app's socket kPod:kClientPort connected to
+    // kRemote:kServerPort, where a listener and the accepted socket are.
+    auto owned = [&](uint8_t flags) { return Packet::tcp(f.remote, kServerPort, f.pod, kClientPort, flags); };
+    cs.push_back({.name = nm(f, "ack_no_socket_no_listener_dropped"),
+                  .what = "rule 6, SYN cookies: an ACK no socket owns goes to 15006 like its SYN (a cookie "
+                          "ACK must not reach the app's listener); no 15006 listener: dropped",
+                  .prog = Prog::Ingress, .in = in(8080, ACK).payload("data"sv),
+                  .verdict = TC_ACT_SHOT, .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "ack_owned_passes"),
+                  .what = "rule 6 near-miss: an ACK of a connection a socket owns (one opened outwards) "
+                          "goes to its owner",
+                  .prog = Prog::Ingress, .in = owned(ACK), .sockets = Sockets::Connection});
+    cs.push_back({.name = nm(f, "ack_owned_by_accepted_passes"),
+                  .what = "rule 6 near-miss: an ACK of an accepted connection goes to its owner",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.pod, kClientPort, f.remote, kServerPort, ACK),
+                  .sockets = Sockets::Connection});
+    cs.push_back({.name = nm(f, "ack_to_listener_only_dropped"),
+                  .what = "rule 6, SYN cookies: a listener on the destination is not an owner (the cookie "
+                          "ACK's case): the ACK is 15006's, none here: dropped",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.pod, kClientPort + 1, f.remote, kServerPort, ACK),
+                  .sockets = Sockets::Connection,
+                  .verdict = TC_ACT_SHOT, .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "synack_owned_passes"),
                   .what = "rule 6: a SYN|ACK answering a connection opened outwards is never hijacked",
-                  .prog = Prog::Ingress, .in = Packet::tcp(f.remote, 443, f.pod, kApp, SYN | ACK)});
-    cs.push_back({.name = nm(f, "fin_passes"),
-                  .what = "rule 6: a FIN is not set-up",
-                  .prog = Prog::Ingress, .in = in(8080, FIN | ACK)});
-    cs.push_back({.name = nm(f, "rst_passes"),
-                  .what = "rule 6: a RST is not set-up",
-                  .prog = Prog::Ingress, .in = in(8080, RST)});
+                  .prog = Prog::Ingress, .in = owned(SYN | ACK), .sockets = Sockets::Connection});
+    cs.push_back({.name = nm(f, "synack_no_socket_dropped"),
+                  .what = "rule 6 near-miss: a SYN|ACK nobody waits for is 15006's (it answers a reset); none: "
+                          "dropped",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.remote, 443, f.pod, kApp, SYN | ACK),
+                  .verdict = TC_ACT_SHOT, .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "fin_owned_passes"),
+                  .what = "rule 6: a FIN of a connection a socket owns goes to its owner",
+                  .prog = Prog::Ingress, .in = owned(FIN | ACK), .sockets = Sockets::Connection});
+    cs.push_back({.name = nm(f, "fin_no_socket_dropped"),
+                  .what = "rule 6 near-miss: a FIN no socket owns is 15006's, never the app's listener's; "
+                          "none: dropped",
+                  .prog = Prog::Ingress, .in = in(8080, FIN | ACK),
+                  .verdict = TC_ACT_SHOT, .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "rst_owned_passes"),
+                  .what = "rule 6: a RST of a connection a socket owns goes to its owner",
+                  .prog = Prog::Ingress, .in = owned(RST), .sockets = Sockets::Connection});
+    cs.push_back({.name = nm(f, "rst_no_socket_dropped"),
+                  .what = "rule 6 near-miss: a RST no socket owns is 15006's (which ignores it); none: dropped",
+                  .prog = Prog::Ingress, .in = in(8080, RST),
+                  .verdict = TC_ACT_SHOT, .counts = {.dropped_pkts = 1}});
+    cs.push_back({.name = nm(f, "ack_no_socket_hbone_passes"),
+                  .what = "rule 7 for later segments: an ACK to 15008 no socket owns is left to the stack",
+                  .prog = Prog::Ingress, .in = in(SLUICE_DEFAULT_HBONE_PORT, ACK)});
+    cs.push_back({.name = nm(f, "ack_no_socket_from_probe_addr_passes"),
+                  .what = "rule 8 for later segments: an ACK from the probe address is left to the stack",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.probe, kApp, f.pod, 8080, ACK)});
+    cs.push_back({.name = nm(f, "ack_no_socket_to_loopback_passes"),
+                  .what = "an ACK to the loopback address is not inbound: left to the stack",
+                  .prog = Prog::Ingress, .in = Packet::tcp(f.remote, kApp, f.loopback, 8080, ACK)});
+    cs.push_back({.name = nm(f, "ack_no_socket_capture_off_passes"),
+                  .what = "bypass-inbound-capture: later segments are left to the stack as well",
+                  .prog = Prog::Ingress, .in = in(8080, ACK), .pod = {.flags = SLUICE_POD_DNS_CAPTURE}});
+    cs.push_back({.name = nm(f, "ack_no_socket_not_enrolled_passes"),
+                  .what = "a netns without a pod_config entry: later segments not touched, not counted",
+                  .prog = Prog::Ingress, .in = in(8080, ACK), .pod = {.enrolled = false}});
     // Rule 9.
     cs.push_back({.name = nm(f, "udp_passes"),
                   .what = "rule 9: non-TCP inbound is untouched (UDP, even to port 53)",
@@ -310,6 +359,11 @@ std::vector<Case> ingressCases() {
                   .what = "virtual interfaces: only set-up is redirected",
                   .prog = Prog::Ingress, .in = in(8080, ACK),
                   .pod = {.flags = SLUICE_POD_DNS_CAPTURE, .reroute = {1}}});
+    cs.push_back({.name = nm(f, "reroute_iface_ack_capture_on_passes"),
+                  .what = "virtual interfaces: only set-up is redirected, with inbound capture on too (a "
+                          "later segment there is not rule 6's)",
+                  .prog = Prog::Ingress, .in = in(8080, ACK),
+                  .pod = {.flags = SLUICE_POD_DNS_CAPTURE | SLUICE_POD_INBOUND_CAPTURE, .reroute = {1}}});
     cs.push_back({.name = nm(f, "reroute_iface_udp_passes"),
                   .what = "virtual interfaces: only TCP is redirected",
                   .prog = Prog::Ingress, .in = Packet::udp(f.remote, kApp, f.pod, 53),
