@@ -569,16 +569,43 @@ static __always_inline __u64 task_cgroup_id(void)
 	return BPF_CORE_READ(t, cgroups, dfl_cgrp, kn, id);
 }
 
+/* The proxy_conns key of a connection of the proxy's: its own end (the
+ * client's address and a port of the proxy's) and the app's. */
+static __always_inline void proxy_conn_key(struct sluice_conn_key *k, struct bpf_sock_ops *ops, const struct sa_addr *self,
+					   const struct sa_addr *peer)
+{
+	__builtin_memcpy(k->saddr, self->a, 16);
+	__builtin_memcpy(k->daddr, peer->a, 16);
+	k->sport = bpf_htons((__u16)ops->local_port);
+	k->dport = peer->port;
+	k->family = self->family;
+}
+
+/* What a proxy_conns entry holds: the filing socket's cookie (low half,
+ * never 0), so that only that socket's end removes it. Entries of earlier
+ * builds hold 1 and have no end: they age out of the LRU. */
+static __always_inline __u32 proxy_conn_tag(struct bpf_sock_ops *ops)
+{
+	return (__u32)bpf_get_socket_cookie(ops) | 0x80000000u;
+}
+
 /* Rule 4: the proxy connects to one of its pod's apps from a foreign
  * address (the client's): file the connection for pod_sk_lookup, which
- * would otherwise take its SYN for a client's. */
+ * would otherwise take its SYN for a client's. The entry lives as long as
+ * the proxy's socket: the socket gets the state callback, and its move to
+ * TCP_CLOSE (the end of the connection, its TIME_WAIT, a failed or reset
+ * connect) removes the entry (proxy_conn_closed). A stale entry would let a
+ * later SYN from the same client address and port past the proxy to the
+ * app. No callback, no filing (an entry nothing would remove): the
+ * proxy's SYN then goes to its own inbound listener like a client's, the
+ * connection fails and nothing reaches the app around the proxy. */
 static __always_inline void file_proxy_conn(struct bpf_sock_ops *ops, struct bpf_sock *sk)
 {
 	const struct sluice_settings *cfg = settings_get();
 	const struct sluice_pod_sock *pod;
 	struct sluice_conn_key k;
 	struct sa_addr self, peer;
-	__u32 one = 1;
+	__u32 tag;
 
 	if (!cfg || (sk->mark & cfg->mark_mask) != cfg->proxy_mark)
 		return;
@@ -593,12 +620,40 @@ static __always_inline void file_proxy_conn(struct bpf_sock_ops *ops, struct bpf
 		return;
 	if (!cgroup_is_proxy(task_cgroup_id()))
 		return;
-	__builtin_memcpy(k.saddr, self.a, 16);
-	__builtin_memcpy(k.daddr, peer.a, 16);
-	k.sport = bpf_htons((__u16)ops->local_port);
-	k.dport = peer.port;
-	k.family = self.family;
-	bpf_map_update_elem(&proxy_conns, &k, &one, BPF_ANY);
+	proxy_conn_key(&k, ops, &self, &peer);
+	if (bpf_sock_ops_cb_flags_set(ops, ops->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG))
+		return;
+	tag = proxy_conn_tag(ops);
+	bpf_map_update_elem(&proxy_conns, &k, &tag, BPF_ANY);
+}
+
+/* A socket with the state callback (one pod_sockops filed in proxy_conns)
+ * changes state: at TCP_CLOSE its entry goes. The kernel calls this before
+ * it unhashes the socket, its addresses and ports still set; often from
+ * softirq (the app's last ACK, a reset), so nothing here may depend on the
+ * current task. A socket going to TIME_WAIT reaches TCP_CLOSE too (the
+ * time-wait sock that replaces it holds only the proxy's end, which no
+ * packet towards the app is looked up against); an app's end in TIME_WAIT
+ * sends a new SYN on the tuple to the listener look-up again, where
+ * pod_sk_lookup, without the entry, hands it to the proxy. */
+static __always_inline int proxy_conn_closed(struct bpf_sock_ops *ops)
+{
+	struct bpf_sock *sk = ops->sk;
+	struct sluice_conn_key k;
+	struct sa_addr self, peer;
+	__u32 *tag;
+
+	if (ops->args[1] != BPF_TCP_CLOSE || !sk)
+		return 1;
+	__builtin_memset(&k, 0, sizeof(k));
+	k.netns_cookie = bpf_get_netns_cookie(ops);
+	sa_read_bound(sk, &self);
+	sa_read_peer(sk, &peer);
+	proxy_conn_key(&k, ops, &self, &peer);
+	tag = bpf_map_lookup_elem(&proxy_conns, &k);
+	if (tag && *tag == proxy_conn_tag(ops))
+		bpf_map_delete_elem(&proxy_conns, &k);
+	return 1;
 }
 
 /* A connection is leaving (its port is known now). One captured at
@@ -667,6 +722,8 @@ int pod_sockops(struct bpf_sock_ops *ops)
 		return sockops_connect(ops);
 	case BPF_SOCK_OPS_TCP_LISTEN_CB:
 		return sockops_listen(ops);
+	case BPF_SOCK_OPS_STATE_CB:
+		return proxy_conn_closed(ops);
 	}
 	return 1;
 }
@@ -855,6 +912,59 @@ drop:
 	return SK_DROP;
 }
 
+/* The packet's source address (cgroup_skb: the data starts at the IP
+ * header), folded as sa_read_user folds (v4-mapped into IPv4). False when
+ * it cannot be read. */
+static __always_inline int skb_source(struct __sk_buff *skb, struct sa_addr *x)
+{
+	__builtin_memset(x, 0, sizeof(*x));
+	if (skb->protocol == bpf_htons(ETH_P_IP)) {
+		x->family = AF_INET;
+		return bpf_skb_load_bytes(skb, 12, &x->a[0], 4) == 0;
+	}
+	if (skb->protocol != bpf_htons(ETH_P_IPV6) || bpf_skb_load_bytes(skb, 8, x->a, 16) < 0)
+		return 0;
+	x->family = AF_INET6;
+	if (v6_is_mapped(x->a[0], x->a[1], x->a[2])) {
+		x->family = AF_INET;
+		x->a[0] = x->a[3];
+		x->a[1] = x->a[2] = x->a[3] = 0;
+	}
+	return 1;
+}
+
+/*
+ * Rule 5's other side: pod_sk_lookup lets a connection from one of the
+ * pod's own addresses through, since the pod calling itself over lo reports
+ * the address's device (eth0) as its ingress interface. Only lo carries
+ * those: a packet to a listener of the pod that came in on any other device
+ * with the pod's own address as source is forged. IPv4 drops it as a
+ * martian before any lookup (unless accept_local is set); IPv6 does not,
+ * and would hand a blind attacker the app's listener around the proxy.
+ * Dropped and counted here, where the real device is known; so is a packet
+ * whose source cannot be read. Virtual interfaces the pod's TC hook serves
+ * (reroute) decided there. 1: pass.
+ */
+static __always_inline int foreign_own_source_ok(struct __sk_buff *skb)
+{
+	const struct sluice_pod_sock *pod;
+	struct sa_addr x;
+	__u64 cookie;
+
+	cookie = pod_cookie(skb);
+	pod = bpf_map_lookup_elem(&pod_sock, &cookie);
+	if (!pod)
+		return 1;
+	if (skb_source(skb, &x)) {
+		if (!pod_owns(pod, &x))
+			return 1;
+		if (pod->reroute_count && is_reroute_iface(pod, skb->ifindex))
+			return 1;
+	}
+	SLUICE_COUNT(cookie, dropped_pkts);
+	return 0;
+}
+
 /*
  * Rule 4. The proxy connects to an app with the client's address (its
  * socket transparent and marked): the app's answer to that address must
@@ -863,25 +973,29 @@ drop:
  * the return mark, which net.ipv4.tcp_fwmark_accept (set in the pod's
  * netns) makes the mark of the app's accepted socket: its SYN-ACK and every
  * later reply take the policy route "fwmark 0x111 -> local".
+ *
+ * And rule 5's forged side (foreign_own_source_ok). Both concern packets
+ * to a listening socket only (SYNs, the ACKs of a handshake): what almost
+ * every packet is delivered to, a connected socket, is passed after two
+ * loads.
  */
 SEC("cgroup_skb/ingress")
 int pod_skb_ingress(struct __sk_buff *skb)
 {
 	const struct sluice_settings *cfg;
-	struct bpf_sock *sk;
-	__u32 mark = skb->mark;
+	struct bpf_sock *sk = skb->sk;
+	__u32 mark;
 	__u64 cookie;
 
-	if (!mark) /* what almost every packet has: nothing else read */
+	if (!sk || sk->state != BPF_TCP_LISTEN)
+		return 1;
+	if (skb->ifindex != SLUICE_LOOPBACK_IFINDEX && !foreign_own_source_ok(skb))
+		return 0;
+	mark = skb->mark;
+	if (!mark)
 		return 1;
 	cfg = settings_get();
 	if (!cfg || (mark & cfg->mark_mask) != cfg->proxy_mark)
-		return 1;
-	sk = skb->sk;
-	if (!sk)
-		return 1;
-	sk = bpf_sk_fullsock(sk);
-	if (!sk || sk->state != BPF_TCP_LISTEN)
 		return 1;
 	cookie = pod_cookie(skb);
 	if (!bpf_map_lookup_elem(&pod_sock, &cookie))
