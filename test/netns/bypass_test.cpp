@@ -22,8 +22,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <thread>
 #include <string>
 
+#include "maps/sluice_maps.h"
 #include "test/common/pod_app.h"
 #include "test/common/raw_link.h"
 #include "test/common/topology.h"
@@ -247,6 +249,48 @@ TEST_P(Bypass, DnsSocketConnectedBeforeEnrollmentNoLongerReachesTheResolver) {
   expectNothingFromTheAttacker("a query of a socket connected before enrollment");
   EXPECT_EQ((*resolver)->received().size(), 1u);
   EXPECT_GT(h_->stats().dropped_pkts, before);
+}
+
+// Item 5: with the mark alone (no proxy identity: the agent has no ZDS
+// connection), an app marks a socket as the proxy's (SO_MARK 0x539 and
+// IP_TRANSPARENT need only CAP_NET_RAW) and connects to its own listener
+// from REMOTE:Q, which pod_sockops files as a rule-4 connection of the
+// proxy's. Once that connection is over, REMOTE's own connections from
+// port Q must be captured again: the entry lives as long as the socket that
+// filed it (and while it lives, that connection holds the tuple).
+//
+//   attacker: mark, transparent, bind node:47998 --connect--> pod:Q (its own listener), closed
+//   node:47998 --connect--> pod:Q   must reach the proxy (inbound event)
+TEST_P(Bypass, TupleFiledByAnAppDoesNotLetARemoteInLater) {
+  auto app = TcpServer::start(h_->pod(), Endpoint::any(family()));
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  enrollWithProxy();
+  const Endpoint target = Endpoint::of(PodTopology::podAddr(family()), (*app)->port());
+  const Endpoint spoofed = nodeEp(kMarkPort);
+  attack([&](std::string& out) {
+    int fd = ::socket(family(), SOCK_STREAM, 0);
+    const uint32_t mark = SLUICE_DEFAULT_PROXY_MARK;
+    int one = 1;
+    if (::setsockopt(fd, SOL_SOCKET, SO_MARK, &mark, sizeof(mark)) != 0)
+      return out = std::string("SO_MARK: ") + std::strerror(errno), 1;
+    if (::setsockopt(fd, family() == AF_INET ? SOL_IP : SOL_IPV6,
+                     family() == AF_INET ? IP_TRANSPARENT : IPV6_TRANSPARENT, &one, sizeof(one)) != 0)
+      return out = std::string("IP_TRANSPARENT: ") + std::strerror(errno), 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, spoofed.raw(), spoofed.len) != 0) return out = std::string("bind: ") + std::strerror(errno), 1;
+    if (::connect(fd, target.raw(), target.len) != 0) return out = std::string("connect: ") + std::strerror(errno), 1;
+    ::close(fd);
+    return 0;
+  });
+  ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout)) << "the attacker's own connection, the attack's premise";
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the app's end closes too
+  ConnectOptions from;
+  from.bind = spoofed;
+  auto c = tcpConnect(h_->node(), target, from);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(echoRoundTrip(c->get(), "later").ok());
+  EXPECT_TRUE(h_->waitForEvent("inbound")) << "the remote's connection from the filed port reached the app around the proxy: "
+                                           << describe(h_->events());
 }
 
 }  // namespace
