@@ -653,7 +653,7 @@ Result<CaptureMode> Datapath::resolveCapture(CaptureMode requested) const {
 Result<std::string> Datapath::nodeCgroup() const { return nodeHookCgroup(options_.cgroupPath); }
 
 void Datapath::ensurePodGuardFor() {
-  if (podGuardChecked_) return;
+  if (podGuardChecked_ || !options_.podGuard) return;
   podGuardChecked_ = true;
   // Not an enrollment's failure: without the guard the pods are as safe as
   // the capture modes make them, and status says what is missing.

@@ -58,6 +58,10 @@ struct DatapathOptions {
   /// does not load one (~0.5 ms). 0: each is loaded at its enrollment (a
   /// one-shot process). The agent keeps kSkLookupStubsAhead.
   size_t skLookupStubsAhead = 0;
+  /// Attach the pod guard (loader/pod_guard.h) at the first enrollment.
+  /// Off only for tests that share a machine: each attach and detach of a
+  /// BPF LSM link patches kernel text, which an emulated guest pays for.
+  bool podGuard = true;
 };
 
 /// What a long-running process that enrolls pods keeps loaded ahead.

@@ -864,6 +864,7 @@ Status PodHarness::open() {
   o.tcMode = mode_;
   o.capture = capture_;
   o.skLookupStubsAhead = stubsAhead_;
+  o.podGuard = podGuard_;
   auto dp = Datapath::open(o);
   SLUICE_TRY(dp);
   dp_ = std::move(*dp);

@@ -408,6 +408,11 @@ class PodHarness {
   /// Before open(): keep @p n sk_lookup programs loaded ahead, as the agent
   /// does (DatapathOptions::skLookupStubsAhead).
   void keepSkLookupStubs(size_t n) { stubsAhead_ = n; }
+  /// Before open(): attach the pod guard at the first enrollment, as the
+  /// agent and sluicectl do (DatapathOptions::podGuard). Off by default
+  /// here: each BPF LSM attach patches kernel text, hundreds of times over
+  /// a suite in an emulated guest; the PodGuard tests turn it on.
+  void enablePodGuard() { podGuard_ = true; }
   Datapath& datapath() { return *dp_; }
 
   /// Enrolls the pod netns; @p spec's netnsPath and id are filled in when
@@ -453,6 +458,7 @@ class PodHarness {
   CaptureMode capture_ = CaptureMode::Tc;
   bool rerouted_ = false;  ///< the enrolled pod has reroute interfaces
   size_t stubsAhead_ = 0;
+  bool podGuard_ = false;
   TestBpffs bpffs_;
   PodTopology topo_;
   std::unique_ptr<Datapath> dp_;

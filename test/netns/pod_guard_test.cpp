@@ -44,6 +44,7 @@ class PodGuard : public ::testing::TestWithParam<GuardParam> {
       GTEST_SKIP() << why;
     }
     h_ = std::make_unique<PodHarness>(mode, capture);
+    h_->enablePodGuard();
     ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
     ASSERT_TRUE(h_->open().ok());
   }
