@@ -21,6 +21,7 @@
 //   | AF_PACKET on vethpod         |        | app listener [::]:Q / 0.0.0.0:Q   |
 //   +------------------------------+        | tap on lo (the app's SYN-ACKs)    |
 //                                           +-----------------------------------+
+#include <bpf/bpf.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -34,6 +35,7 @@
 #include <thread>
 #include <tuple>
 
+#include "maps/sluice_maps.h"
 #include "test/common/packet.h"
 #include "test/common/raw_link.h"
 #include "test/common/topology.h"
@@ -56,6 +58,23 @@ std::vector<std::string> socketStates(const TestNetns& ns, uint16_t port) {
     if (words >> state) states.push_back(state);
   }
   return states;
+}
+
+/// How many proxy_conns entries (pinned under @p root) belong to the netns
+/// with @p cookie; an error when the map cannot be read.
+Result<size_t> proxyConnEntries(const std::string& root, uint64_t cookie) {
+  const std::string path = root + "/" + SLUICE_PIN_PROXY_CONNS;
+  Fd map(::bpf_obj_get(path.c_str()));
+  if (!map.valid()) return Error::fromErrno(errno, "open " + path);
+  size_t n = 0;
+  sluice_conn_key key{}, next{};
+  const void* prev = nullptr;
+  while (::bpf_map_get_next_key(map.get(), prev, &next) == 0) {
+    if (next.netns_cookie == cookie) n++;
+    key = next;
+    prev = &key;
+  }
+  return n;
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -162,6 +181,68 @@ TEST_P(StaleProxyConn, LaterSynFromTheRelaysClientPortIsCaptured) {
   ASSERT_TRUE((*app)->waitForAccepts(2, kIoTimeout));
   EXPECT_NE((*app)->peers().back().port(), pPrime)
       << "the app accepted the client's port P' itself: its listener, not the proxy, got the SYN";
+}
+
+// The entry behind the attack, directly: there while the relay is open,
+// gone with it -- after a relay that ended, and after one whose connect to
+// the app failed (nothing listens: the app's reset).
+TEST_P(StaleProxyConn, EntriesLiveExactlyAsLongAsTheirConnections) {
+  auto app = TcpServer::start(h_->pod(), Endpoint::any(family()), appClosesFirst());
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  auto info = h_->enroll();
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  // The relay to a closed port fails by the app's reset, or (where the
+  // reset takes another way) by the connect's time-out: either way the
+  // proxy's socket closes before it was ever connected.
+  StandInConfig cfg;  // the harness keeps SO_REUSEPORT where the mode serves it
+  cfg.upstreamConnectTimeout = std::chrono::milliseconds(1500);
+  Status st = h_->startStandIn(cfg);
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  if (identityKnown()) {
+    auto id = h_->datapath().addProxyProcess(::getpid());
+    ASSERT_TRUE(id.ok()) << id.error().message;
+  }
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok()) << cookie.error().message;
+  auto entries = [&] {
+    auto n = proxyConnEntries(h_->bpffs().root(), *cookie);
+    EXPECT_TRUE(n.ok()) << n.error().message;
+    return n.ok() ? *n : size_t{1000};
+  };
+  ASSERT_EQ(entries(), 0u);
+  {
+    auto c = tcpConnect(h_->node(), podEp((*app)->port()));
+    ASSERT_TRUE(c.ok()) << c.error().message;
+    ASSERT_TRUE(echoRoundTrip(c->get(), "open").ok());
+    ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout));
+    // The app that closes first may have ended it already; the one that
+    // echoes on holds it open until the client goes.
+    if (!appClosesFirst()) {
+      EXPECT_EQ(entries(), 1u) << "the open relay is not filed: the observation is broken";
+    }
+  }
+  ASSERT_TRUE(h_->waitStandInIdle(scaledBound(5s)));
+  EXPECT_TRUE(eventually([&] { return entries() == 0; })) << entries() << " entries after the relay ended";
+
+  // A port nothing listens on: the proxy's connect to the app fails.
+  uint16_t closedPort = 0;
+  {
+    auto probe = socketIn(h_->pod(), family(), SOCK_STREAM);
+    ASSERT_TRUE(probe.ok());
+    Endpoint any = Endpoint::any(family());
+    ASSERT_EQ(::bind(probe->get(), any.raw(), any.len), 0) << std::strerror(errno);
+    closedPort = localOf(probe->get()).port();
+  }
+  const size_t inboundBefore = h_->events("inbound").size();
+  {
+    auto c = tcpConnect(h_->node(), podEp(closedPort));
+    ASSERT_TRUE(c.ok()) << c.error().message;  // the proxy accepts it
+    (void)readSome(c->get(), 1);                // then resets it
+  }
+  ASSERT_TRUE(eventually([&] { return h_->events("inbound").size() > inboundBefore; }, 5s)) << describe(h_->events());
+  EXPECT_EQ(h_->events("inbound").back().detail.rfind("upstream failed", 0), 0u) << describe(h_->events());
+  ASSERT_TRUE(h_->waitStandInIdle(scaledBound(5s)));
+  EXPECT_TRUE(eventually([&] { return entries() == 0; })) << entries() << " entries after the relay's connect failed";
 }
 
 // ---- Item 8 -------------------------------------------------------------------
