@@ -661,8 +661,8 @@ void Datapath::ensurePodGuardFor() {
   if (!guard.ok())
     spdlog::warn("pod guard not attached: {}; apps holding CAP_NET_RAW can send frames past the proxy",
                  guard.error().message);
-  else if (!guard->active)
-    spdlog::warn("pod guard inactive: {}; apps holding CAP_NET_RAW can send frames past the proxy", guard->why);
+  else if (!guard->active)  // the kernel's, not this enrollment's: status says it; the agent warns once
+    spdlog::info("pod guard inactive: {}; apps holding CAP_NET_RAW can send frames past the proxy", guard->why);
 }
 
 Status Datapath::ensureNodeHooksFor() {

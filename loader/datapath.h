@@ -215,6 +215,13 @@ class Datapath {
   const DatapathOptions& options() const { return options_; }
   PodPrograms& programs() { return *programs_; }
 
+  /// Attaches the pod guard (loader/pod_guard.h) unless options say not
+  /// to or this Datapath did already: at its first enrollment, and by the
+  /// agent at start when pods are enrolled (an upgrade from a build
+  /// without it). Never an error: where it cannot run it is logged and
+  /// `sluicectl status` says why.
+  void ensurePodGuardFor();
+
  private:
   Datapath(DatapathOptions options, std::unique_ptr<PodPrograms> programs)
       : options_(std::move(options)), programs_(std::move(programs)) {}
@@ -253,7 +260,6 @@ class Datapath {
   /// The pod guard (loader/pod_guard.h) was ensured by this Datapath:
   /// once per process, at its first enrollment, in either mode.
   bool podGuardChecked_ = false;
-  void ensurePodGuardFor();
 };
 
 }  // namespace sluice

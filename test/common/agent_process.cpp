@@ -85,6 +85,9 @@ Result<std::unique_ptr<AgentProcess>> AgentProcess::start(const std::string& bpf
                                std::string("--reconcile-interval"), std::string("0"), std::string("--log-level"),
                                std::string("debug")})
     argv.push_back(a);
+  // This build's agent leaves the pod guard off, as the test harness does
+  // (DatapathOptions::podGuard): an older release does not know the flag.
+  if (binary.empty()) argv.insert(argv.end(), {std::string("--pod-guard"), std::string("off")});
   argv.insert(argv.end(), extra.begin(), extra.end());
   auto pid = spawnWithLog(argv, p->logPath_);
   SLUICE_TRY(pid);

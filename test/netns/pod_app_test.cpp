@@ -6,9 +6,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <fstream>
+#include <thread>
 
 #include "test/common/pod_app.h"
+#include "test/common/topology.h"
+#include "userspace/sluicectl/net_raw.h"
 
 namespace sluice::test {
 namespace {
@@ -47,6 +51,32 @@ TEST(PodApp, ASetUpFailureIsAnErrorNotAResult) {
   auto r = runAsPodApp("/proc/self/ns/does-not-exist", [](std::string&) { return 0; });
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("does-not-exist"), std::string::npos) << r.error().message;
+}
+
+// sluicectl pod list's NET_RAW column finds such an app by its netns, and
+// only while it runs (userspace/sluicectl/net_raw.h, on the real /proc).
+TEST(PodApp, IsWhatPodListReportsAsHoldingNetRaw) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, cgroups)";
+  TestNetns ns("netraw");
+  ASSERT_TRUE(ns.ok()) << ns.error();
+  auto ino = netnsInodeOf(ns.path());
+  ASSERT_TRUE(ino.ok()) << ino.error().message;
+  EXPECT_TRUE(netRawProcesses(*ino)->empty());
+  std::thread app([&] {
+    (void)runAsPodApp(ns.path(), [](std::string&) {
+      std::this_thread::sleep_for(std::chrono::seconds(2));
+      return 0;
+    });
+  });
+  bool seen = false;
+  for (int i = 0; i < 150 && !seen; i++) {
+    auto procs = netRawProcesses(*ino);
+    seen = procs.ok() && !procs->empty();
+    if (!seen) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  app.join();
+  EXPECT_TRUE(seen) << "the app holding CAP_NET_RAW in the netns was not reported";
+  EXPECT_TRUE(netRawProcesses(*ino)->empty()) << "reported after it exited";
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <map>
 
 #include "loader/netns.h"
+#include "loader/pod_guard.h"
 #include "loader/privileges.h"
 #include "userspace/agent/client.h"
 #include "userspace/agent/kube_wiring.h"
@@ -131,6 +132,14 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   ReconcileReport r = a->reconcileNow();
   spdlog::info("sluiced {}: {} pod(s) enrolled; start-up sweep removed {}, found {} damaged, switched {} hook(s) to this build's programs",
                SLUICE_VERSION, r.pods, r.removed.size(), r.repaired.size(), r.programsReplaced);
+  if (dopts.podGuard) {
+    if (std::string why = podGuardUnsupported(); !why.empty())
+      spdlog::warn("pod guard inactive: {}; apps of enrolled pods holding CAP_NET_RAW can send frames from packet "
+                   "sockets past the proxy (remedy: drop CAP_NET_RAW, or enable the BPF LSM)",
+                   why);
+    else if (r.pods)
+      a->dp_->ensurePodGuardFor();  // pods enrolled by a build without the guard
+  }
   if (!options.ztunnelSocket.empty()) {
     // The node proxy connects when it likes; the agent only listens.
     zds::ServerOptions zo;

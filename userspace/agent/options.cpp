@@ -12,7 +12,7 @@ std::string daemonUsage() {
 usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
                [--capture auto|socket|tc] [--tc-mode auto|tcx|legacy]
-               [--cgroup DIR] [--reconcile-interval SECONDS]
+               [--cgroup DIR] [--pod-guard on|off] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
                [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
@@ -29,6 +29,10 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            kernel has it), tcx, or legacy (clsact + cls_bpf)
   --cgroup DIR             the cgroup v2 directory the socket mode's node hooks
                            attach at (default: the cgroup v2 root: every process)
+  --pod-guard on|off       the pod guard (BPF LSM: an enrolled pod's apps without
+                           CAP_NET_ADMIN get no packet or XDP socket and cannot
+                           bind the proxy's ports; default on where the kernel
+                           runs it, see `sluicectl status`)
   --reconcile-interval S   seconds between sweeps (default 30; 0: start-up only)
   --ztunnel-socket PATH    hand every enrolled pod to the node proxy (ztunnel)
                            over ZDS on this unix socket (ztunnel's INPOD_UDS,
@@ -84,7 +88,7 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
       continue;
     }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
-                                      "--tc-mode", "--capture", "--cgroup", "--reconcile-interval",
+                                      "--tc-mode", "--capture", "--cgroup", "--pod-guard", "--reconcile-interval",
                                       "--ztunnel-socket", "--ztunnel-timeout-ms", "--cni-conf-dir",
                                       "--cni-agent-socket", "--max-connections", "--request-deadline-ms",
                                       "--wedged-after-ms"};
@@ -123,6 +127,9 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     } else if (flag == "--cgroup") {
       if (v.empty() || v[0] != '/') return usageError("--cgroup needs an absolute path");
       d.agent.datapath.cgroupPath = v;
+    } else if (flag == "--pod-guard") {
+      if (v != "on" && v != "off") return usageError("--pod-guard takes on or off, not '" + v + "'");
+      d.agent.datapath.podGuard = v == "on";
     } else if (flag == "--cni-conf-dir") {
       if (v.empty() || v[0] != '/') return usageError("--cni-conf-dir needs an absolute path");
       d.agent.cniConfDir = v;

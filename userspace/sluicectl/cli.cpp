@@ -211,17 +211,29 @@ Result<Command> parse(const std::vector<std::string>& argv) {
   return cmd;
 }
 
-std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
+std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw) {
+  auto rawOf = [netRaw](const PodInfo& p) -> const std::vector<NetRawProcess>* {
+    if (!netRaw) return nullptr;
+    auto it = netRaw->find(p.id);
+    return it == netRaw->end() ? nullptr : &it->second;
+  };
   if (json) {
     auto arr = nlohmann::json::array();
     for (const auto& p : pods) {
-      arr.push_back(agent::encodePodInfo(p));
+      auto j = agent::encodePodInfo(p);
+      if (const auto* raw = rawOf(p)) {
+        auto procs = nlohmann::json::array();
+        for (const auto& r : *raw) procs.push_back({{"pid", r.pid}, {"comm", r.comm}});
+        j["net_raw_processes"] = procs;
+      }
+      arr.push_back(j);
     }
     return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
   // Columns as wide as their widest cell: netns paths and pod names vary.
   std::vector<std::vector<std::string>> rows = {
       {"ID", "CAPTURE", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
+  if (netRaw) rows[0].push_back("NET_RAW");
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
@@ -230,6 +242,18 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json) {
     rows.push_back({p.id, p.capture, p.capture == "socket" && p.interfaces.empty() ? "-" : p.tcMode, p.dnsCapture ? "on" : "off", p.inboundCapture ? "on" : "off", ifs,
                     p.identity.name.empty() ? "-" : p.identity.ns + "/" + p.identity.name,
                     p.identity.uid.empty() ? "-" : p.identity.uid, p.netnsPath, handoff});
+    if (netRaw) {
+      // Processes that could send frames past the capture without the pod
+      // guard: "pid/comm,..." ("?" when /proc could not tell).
+      std::string raw = "-";
+      if (const auto* procs = rawOf(p)) {
+        if (!procs->empty()) raw.clear();
+        for (const auto& r : *procs) raw += (raw.empty() ? "" : ",") + std::to_string(r.pid) + "/" + r.comm;
+      } else {
+        raw = "?";
+      }
+      rows.back().push_back(raw);
+    }
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)
@@ -578,7 +602,13 @@ int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostrea
     case Verb::PodList: {
       auto pods = b.list();
       if (!pods.ok()) return fail(pods.error());
-      out << formatPodList(*pods, cmd.json);
+      NetRawByPod netRaw;
+      for (const auto& p : *pods) {
+        auto ino = netnsInodeOf(p.netnsPath);
+        auto procs = ino.ok() ? netRawProcesses(*ino) : Result<std::vector<NetRawProcess>>(ino.error());
+        if (procs.ok()) netRaw[p.id] = std::move(*procs);
+      }
+      out << formatPodList(*pods, cmd.json, &netRaw);
       return 0;
     }
     case Verb::Stats: {

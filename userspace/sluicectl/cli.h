@@ -2,6 +2,7 @@
 #pragma once
 
 #include <iosfwd>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "loader/pod_guard.h"
 #include "loader/result.h"
 #include "userspace/agent/protocol.h"
+#include "userspace/sluicectl/net_raw.h"
 
 namespace sluice::cli {
 
@@ -52,7 +54,12 @@ int main(const std::vector<std::string>& args, std::ostream& out, std::ostream& 
 std::string formatError(const Error& e);
 
 /// Renders pods / counters (exposed for tests).
-std::string formatPodList(const std::vector<PodInfo>& pods, bool json);
+/// A pod's processes holding CAP_NET_RAW without CAP_NET_ADMIN, by pod id
+/// (userspace/sluicectl/net_raw.h).
+using NetRawByPod = std::map<std::string, std::vector<NetRawProcess>>;
+/// With @p netRaw, a NET_RAW column (JSON: net_raw_processes): "?" for a
+/// pod it has no entry for.
+std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw = nullptr);
 std::string formatStats(const std::vector<PodCounters>& stats, bool json);
 
 /// What `sluicectl status` says about the pinned state's bpffs: whether it
