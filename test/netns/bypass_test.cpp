@@ -293,5 +293,62 @@ TEST_P(Bypass, TupleFiledByAnAppDoesNotLetARemoteInLater) {
                                            << describe(h_->events());
 }
 
+// Already holding, kept tested: sendmmsg hands the kernel several
+// datagrams in one call, and the sendmsg hook judges each of them — a
+// batch mixing DNS with other UDP gets only its DNS datagrams to the proxy.
+TEST_P(Bypass, SendmmsgQueriesAreEachCaptured) {
+  auto resolver = UdpServer::start(h_->node(), nodeEp(53));
+  ASSERT_TRUE(resolver.ok()) << resolver.error().message;
+  auto other = UdpServer::start(h_->node(), nodeEp(0));
+  ASSERT_TRUE(other.ok()) << other.error().message;
+  enrollWithProxy();
+  const Endpoint dns = nodeEp(53), plain = (*other)->local();
+  attack([&](std::string& out) {
+    int fd = ::socket(family(), SOCK_DGRAM, 0);
+    std::string q = dnsQuery(0x3333, "batch.example", family() == AF_INET ? 1 : 28);
+    iovec iov{q.data(), q.size()};
+    mmsghdr msgs[3]{};
+    const Endpoint* to[3] = {&dns, &plain, &dns};
+    for (int i = 0; i < 3; i++) {
+      msgs[i].msg_hdr.msg_name = const_cast<sockaddr*>(to[i]->raw());
+      msgs[i].msg_hdr.msg_namelen = to[i]->len;
+      msgs[i].msg_hdr.msg_iov = &iov;
+      msgs[i].msg_hdr.msg_iovlen = 1;
+    }
+    int n = ::sendmmsg(fd, msgs, 3, 0);
+    out = "sendmmsg: " + std::to_string(n) + " " + std::strerror(errno);
+    ::usleep(200000);
+    ::close(fd);
+    return n == 3 ? 0 : 1;
+  });
+  EXPECT_TRUE((*other)->waitForDatagrams(1, kIoTimeout)) << "the batch's plain datagram";
+  EXPECT_TRUE((*resolver)->received().empty()) << "a batched query reached the resolver around the proxy";
+  EXPECT_EQ(h_->events("dns-udp").size(), 2u) << describe(h_->events());
+}
+
+// Already holding, kept tested: an MPTCP socket starts as TCP and is
+// captured at connect() like one (the proxy's listener takes it as TCP).
+TEST_P(Bypass, MptcpConnectionIsCaptured) {
+  auto server = TcpServer::start(h_->node(), nodeEp(0));
+  ASSERT_TRUE(server.ok());
+  enrollWithProxy();
+  const Endpoint dst = nodeEp((*server)->port());
+  auto r = runAsPodApp(h_->pod().path(), [&](std::string& out) {
+    int fd = ::socket(family(), SOCK_STREAM, 262 /* IPPROTO_MPTCP */);
+    if (fd < 0) return out = std::string("unsupported: ") + std::strerror(errno), 2;
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    if (::connect(fd, dst.raw(), dst.len) != 0) return out = std::string("connect: ") + std::strerror(errno), 1;
+    auto echoed = echoRoundTrip(fd, "mptcp");
+    out = echoed.ok() ? *echoed : echoed.error().message;
+    ::close(fd);
+    return echoed.ok() ? 0 : 1;
+  });
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  if (r->exitCode == 2) GTEST_SKIP() << "this kernel has no MPTCP sockets for the app: " << r->out;
+  EXPECT_EQ(r->exitCode, 0) << r->out;
+  EXPECT_TRUE(h_->waitForEvent("outbound")) << "the MPTCP connection went around the proxy: " << describe(h_->events());
+}
+
 }  // namespace
 }  // namespace sluice::test
