@@ -1,5 +1,7 @@
 #include "test/common/topology.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <dirent.h>
 #include <fcntl.h>
@@ -969,6 +971,16 @@ std::string socketCaptureUnsupported() {
 std::string modeUnsupported(const ModeParam& m) {
   if (m.capture == CaptureMode::Socket) return socketCaptureUnsupported();
   return tcModeUnsupported(m.tc);
+}
+
+void openHarness(std::unique_ptr<PodHarness>& h, const ModeParam& m, bool podGuard) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
+  if (std::string why = modeUnsupported(m); !why.empty()) GTEST_SKIP() << why;
+  h = std::make_unique<PodHarness>(m.tc, m.capture);
+  if (podGuard) h->enablePodGuard();
+  ASSERT_TRUE(h->topo().ok()) << h->topo().error();
+  Status st = h->open();
+  ASSERT_TRUE(st.ok()) << st.error().message;
 }
 
 bool kernelAssignsReuseport() {

@@ -492,6 +492,13 @@ std::string modeUnsupported(const ModeParam& m);
 /// gtest prints a ModeParam by its name (not as a byte dump).
 inline void PrintTo(const ModeParam& m, std::ostream* os) { *os << m.name; }
 
+/// For a fixture's SetUp: @p h becomes a harness captured in @p m with its
+/// Datapath open (and, with @p podGuard, the pod guard on). Skips the test,
+/// saying why, where it cannot run (not root, a mode this kernel lacks);
+/// fails it when the topology or the Datapath cannot be set up. Callers
+/// return when HasFatalFailure() or IsSkipped().
+void openHarness(std::unique_ptr<PodHarness>& h, const ModeParam& m, bool podGuard = false);
+
 /// Why this kernel cannot run a test in mode @p m (tcx before Linux 6.6),
 /// or "" when it can. Tests skip with this reason (GTEST_SKIP), so a run on
 /// an old kernel shows what it did not cover.

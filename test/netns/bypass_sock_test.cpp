@@ -91,13 +91,7 @@ using StaleParam = std::tuple<int, bool, bool>;
 
 class StaleProxyConn : public ::testing::TestWithParam<StaleParam> {
  protected:
-  void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
-    if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-    h_ = std::make_unique<PodHarness>(TcMode::Auto, CaptureMode::Socket);
-    ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
-    ASSERT_TRUE(h_->open().ok());
-  }
+  void SetUp() override { openHarness(h_, kSocketMode); }
   int family() const { return std::get<0>(GetParam()); }
   bool identityKnown() const { return std::get<1>(GetParam()); }
   bool appClosesFirst() const { return std::get<2>(GetParam()); }
@@ -252,13 +246,7 @@ constexpr uint32_t kForgedSeq = 0x4242;
 
 class ForgedOwnSource : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF, AF_PACKET)";
-    if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-    h_ = std::make_unique<PodHarness>(TcMode::Auto, CaptureMode::Socket);
-    ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
-    ASSERT_TRUE(h_->open().ok());
-  }
+  void SetUp() override { openHarness(h_, kSocketMode); }
   int family() const { return GetParam(); }
   std::string podIp() const { return PodTopology::podAddr(family()); }
   Endpoint podEp(uint16_t port) const { return Endpoint::of(podIp(), port); }

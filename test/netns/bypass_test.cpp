@@ -37,13 +37,7 @@ constexpr uint16_t kMarkPort = 47998;  // the attacker's source port: its frames
 
 class Bypass : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF, cgroups)";
-    if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-    h_ = std::make_unique<PodHarness>(TcMode::Auto, CaptureMode::Socket);
-    ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
-    ASSERT_TRUE(h_->open().ok());
-  }
+  void SetUp() override { openHarness(h_, kSocketMode); }
   void enrollWithProxy() {
     auto info = h_->enroll();
     ASSERT_TRUE(info.ok()) << info.error().message;

@@ -16,7 +16,6 @@
 #include <cerrno>
 #include <cstring>
 #include <string>
-#include <tuple>
 
 #include "loader/pod_guard.h"
 #include "test/common/pod_app.h"
@@ -29,24 +28,12 @@
 namespace sluice::test {
 namespace {
 
-using GuardParam = std::tuple<CaptureMode, TcMode>;
-
-class PodGuard : public ::testing::TestWithParam<GuardParam> {
+class PodGuard : public ::testing::TestWithParam<ModeParam> {
  protected:
   void SetUp() override {
-    if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF, cgroups)";
     if (std::string why = podGuardUnsupported(); !why.empty())
       GTEST_SKIP() << "the pod guard cannot run here: " << why << " (its tests run in the 6.1 guest)";
-    auto [capture, mode] = GetParam();
-    if (capture == CaptureMode::Socket) {
-      if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-    } else if (std::string why = tcModeUnsupported(mode); !why.empty()) {
-      GTEST_SKIP() << why;
-    }
-    h_ = std::make_unique<PodHarness>(mode, capture);
-    h_->enablePodGuard();
-    ASSERT_TRUE(h_->topo().ok()) << h_->topo().error();
-    ASSERT_TRUE(h_->open().ok());
+    openHarness(h_, GetParam(), /*podGuard=*/true);
   }
 
   /// What socket(@p family, @p type, @p proto) gives the app: "ok" or the
@@ -80,15 +67,8 @@ class PodGuard : public ::testing::TestWithParam<GuardParam> {
   std::unique_ptr<PodHarness> h_;
 };
 
-INSTANTIATE_TEST_SUITE_P(Modes, PodGuard,
-                         ::testing::Values(GuardParam{CaptureMode::Socket, TcMode::Auto},
-                                           GuardParam{CaptureMode::Tc, TcMode::Tcx},
-                                           GuardParam{CaptureMode::Tc, TcMode::Legacy}),
-                         [](const auto& info) {
-                           return std::get<0>(info.param) == CaptureMode::Socket
-                                      ? std::string("socket")
-                                      : std::string(modeName(std::get<1>(info.param)));
-                         });
+INSTANTIATE_TEST_SUITE_P(Modes, PodGuard, ::testing::Values(kSocketMode, kTcxMode, kLegacyMode),
+                         [](const auto& info) { return std::string(info.param.name); });
 
 const std::string kRefused = std::strerror(EPERM);
 

@@ -47,19 +47,9 @@
 namespace sluice::test {
 namespace {
 
-// A socket-mode harness with its Datapath open, for a fixture's SetUp;
-// skips the test, saying why, where the socket mode cannot run.
-void openSocketHarness(std::unique_ptr<PodHarness>& h) {
-  if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, BPF)";
-  if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
-  h = std::make_unique<PodHarness>(TcMode::Auto, CaptureMode::Socket);
-  ASSERT_TRUE(h->topo().ok()) << h->topo().error();
-  ASSERT_TRUE(h->open().ok());
-}
-
 class SocketCapture : public ::testing::TestWithParam<int> {
  protected:
-  void SetUp() override { openSocketHarness(h_); }
+  void SetUp() override { openHarness(h_, kSocketMode); }
   void enrollWithProxy() {
     auto info = h_->enroll();
     ASSERT_TRUE(info.ok()) << info.error().message;
@@ -804,7 +794,7 @@ TEST_P(SocketCaptureDualStack, CgroupOptionPlacesTheNodeHooks) {
 // maps of a socket-mode Datapath.
 class SkLookupStubs : public ::testing::Test {
  protected:
-  void SetUp() override { openSocketHarness(h_); }
+  void SetUp() override { openHarness(h_, kSocketMode); }
   PodPrograms& programs() { return h_->datapath().programs(); }
   std::unique_ptr<PodHarness> h_;
 };
