@@ -15,6 +15,7 @@
 #include "loader/pod_steps.h"
 #include "loader/pod_types.h"
 #include "loader/programs.h"
+#include "loader/pod_guard.h"
 #include "loader/result.h"
 #include "loader/tc.h"
 #include "maps/sluice_maps.h"
@@ -61,7 +62,7 @@ struct DatapathOptions {
   /// Attach the pod guard (loader/pod_guard.h) at the first enrollment.
   /// Off only for tests that share a machine: each attach and detach of a
   /// BPF LSM link patches kernel text, which an emulated guest pays for.
-  bool podGuard = true;
+  bool podGuard = podGuardWanted();
 };
 
 /// What a long-running process that enrolls pods keeps loaded ahead.

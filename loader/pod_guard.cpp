@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -97,6 +98,11 @@ Result<std::string> guardUnavailable() {
 std::string podGuardUnsupported() {
   auto why = guardUnavailable();
   return why.ok() ? *why : why.error().message;
+}
+
+bool podGuardWanted() {
+  const char* v = std::getenv("SLUICE_POD_GUARD");
+  return !(v && std::string(v) == "off");
 }
 
 bool lsmListHasBpf(const std::string& list) {

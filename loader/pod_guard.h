@@ -20,6 +20,12 @@ struct PodGuardReport {
   int attached = 0; ///< links attached now (0: all were there already)
 };
 
+/// The default of DatapathOptions::podGuard: on, unless the environment
+/// says SLUICE_POD_GUARD=off (as `sluiced --pod-guard off` does; for
+/// sluicectl and for test suites that run many bpffs roots side by side,
+/// whose guards would each take a place on the kernel's trampoline).
+bool podGuardWanted();
+
 /// Whether the kernel runs BPF LSM programs: "bpf" in the comma-separated
 /// list of @p lsmFile (securityfs; mounted at /sys/kernel/security when
 /// missing and @p lsmFile is the default). Error: the list cannot be read.

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -116,6 +117,19 @@ TEST_P(PodGuard, ProxyPortsCannotBeBoundByAnEnrolledPodsApps) {
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_TRUE(echoRoundTrip(c->get(), "guarded").ok());
   EXPECT_TRUE(h_->waitForEvent("inbound"));
+}
+
+TEST(PodGuardLsm, TheEnvironmentTurnsItOff) {
+  const char* was = std::getenv("SLUICE_POD_GUARD");
+  const std::string saved = was ? was : "";
+  ::setenv("SLUICE_POD_GUARD", "off", 1);
+  EXPECT_FALSE(podGuardWanted());
+  EXPECT_FALSE(DatapathOptions{}.podGuard);
+  ::setenv("SLUICE_POD_GUARD", "on", 1);
+  EXPECT_TRUE(podGuardWanted());
+  ::unsetenv("SLUICE_POD_GUARD");
+  EXPECT_TRUE(podGuardWanted());
+  if (was) ::setenv("SLUICE_POD_GUARD", saved.c_str(), 1);
 }
 
 TEST(PodGuardLsm, TheListNamesBpfOrNot) {
