@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 
 namespace sluice {
 

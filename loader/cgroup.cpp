@@ -8,7 +8,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 
 namespace sluice {
 

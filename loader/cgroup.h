@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

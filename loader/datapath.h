@@ -13,10 +13,10 @@
 
 #include "loader/features.h"
 #include "loader/pod_steps.h"
-#include "loader/pod_types.h"
+#include "base/pod_types.h"
 #include "loader/programs.h"
 #include "loader/pod_guard.h"
-#include "loader/result.h"
+#include "base/result.h"
 #include "loader/tc.h"
 #include "maps/sluice_maps.h"
 

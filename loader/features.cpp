@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "loader/cgroup.h"
-#include "loader/fd.h"
+#include "base/fd.h"
 
 namespace sluice {
 

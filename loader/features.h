@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "loader/tc.h"
 
 namespace sluice {

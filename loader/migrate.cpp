@@ -15,7 +15,7 @@
 #include <map>
 #include <optional>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/programs.h"
 #include "maps/sluice_maps.h"
 

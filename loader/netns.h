@@ -5,8 +5,8 @@
 #include <functional>
 #include <string>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 
 namespace sluice {
 

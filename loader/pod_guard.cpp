@@ -16,7 +16,7 @@
 #include <sstream>
 
 #include "pod_guard.skel.h"
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "maps/sluice_maps.h"
 
 namespace sluice {

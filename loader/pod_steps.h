@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

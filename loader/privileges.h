@@ -1,7 +1,7 @@
 // The capabilities sluice needs, checked up front.
 #pragma once
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

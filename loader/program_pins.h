@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/features.h"
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

@@ -10,7 +10,7 @@
 #include "loader/bpf_map.h"
 #include "loader/features.h"
 #include "loader/program_pins.h"
-#include "loader/result.h"
+#include "base/result.h"
 #include "loader/sk_lookup_stubs.h"
 #include "maps/sluice_maps.h"
 

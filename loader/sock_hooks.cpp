@@ -13,7 +13,7 @@
 #include <set>
 
 #include "loader/cgroup.h"
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/programs.h"
 #include "loader/tc.h"
 #include "maps/sluice_maps.h"

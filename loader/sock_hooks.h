@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

@@ -7,7 +7,7 @@
 
 #include <spdlog/spdlog.h>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 
 // Why the calling thread matters: /proc/sys/net is resolved against the
 // network namespace of the thread doing the path lookup (the kernel's net

@@ -4,7 +4,7 @@
 #include <optional>
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

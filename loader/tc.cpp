@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 
 namespace sluice {
 

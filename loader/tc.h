@@ -23,8 +23,8 @@
 #include <cstdint>
 #include <string>
 
-#include "loader/result.h"
-#include "loader/tc_mode.h"
+#include "base/result.h"
+#include "base/tc_mode.h"
 
 namespace sluice {
 

@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 
 namespace sluice::bench {
 

@@ -40,7 +40,7 @@
 #include <vector>
 
 #include "loader/datapath.h"
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "test/bench/iptables.h"
 #include "test/bench/load.h"
 #include "test/bench/sink.h"

@@ -7,7 +7,7 @@
 
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "test/bench/util.h"
 
 namespace sluice::bench {

@@ -9,7 +9,7 @@
 #include <cstring>
 #include <thread>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/netns.h"
 #include "test/bench/util.h"
 #include "test/common/topology.h"

@@ -21,8 +21,8 @@
 #include <thread>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 
 namespace sluice::bench {
 

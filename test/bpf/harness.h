@@ -27,9 +27,9 @@
 #include <utility>
 #include <vector>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/programs.h"
-#include "loader/result.h"
+#include "base/result.h"
 #include "maps/sluice_maps.h"
 #include "test/common/packet.h"
 

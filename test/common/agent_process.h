@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "userspace/agent/client.h"
 
 namespace sluice::test {

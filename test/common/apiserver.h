@@ -16,7 +16,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "test/common/tempdir.h"
 #include "userspace/agent/kube/client.h"
 #include "test/common/topology.h"

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice::test {
 

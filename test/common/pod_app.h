@@ -12,7 +12,7 @@
 #include <functional>
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice::test {
 

@@ -42,7 +42,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "test/common/topology.h"
 
 namespace sluice::test {

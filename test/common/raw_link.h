@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 #include "test/common/packet.h"
 #include "test/common/topology.h"
 

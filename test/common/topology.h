@@ -35,8 +35,8 @@
 #include <vector>
 
 #include "loader/datapath.h"
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 #include "loader/tc.h"
 #include "userspace/standin/node_proxy.h"
 #include "userspace/standin/standin.h"

@@ -14,8 +14,8 @@
 #include <utility>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
 #include "test/common/topology.h"

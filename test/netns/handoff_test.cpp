@@ -30,7 +30,7 @@
 
 #include "loader/cgroup.h"
 #include "loader/datapath.h"
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/sk_lookup_stubs.h"
 #include "test/common/agent_process.h"
 #include "test/common/tempdir.h"

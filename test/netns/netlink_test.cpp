@@ -27,7 +27,7 @@
 #include <linux/fib_rules.h>
 #include <netlink/route/rule.h>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "loader/netlink.h"
 #include "loader/netns.h"
 #include "loader/sysctl.h"

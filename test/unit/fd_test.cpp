@@ -1,4 +1,4 @@
-#include "loader/fd.h"
+#include "base/fd.h"
 
 #include <fcntl.h>
 #include <unistd.h>

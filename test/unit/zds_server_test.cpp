@@ -27,7 +27,7 @@
 #include <thread>
 #include <vector>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "test/common/tempdir.h"
 #include "test/common/zds_peers.h"
 #include "userspace/agent/zds/server.h"

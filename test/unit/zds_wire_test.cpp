@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "test/common/zds_peers.h"
 #include "userspace/agent/zds/wire.h"
 #include "userspace/agent/zds/zds.pb.h"

@@ -14,7 +14,7 @@
 
 #include "loader/bpffs.h"
 #include "loader/datapath.h"
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "userspace/agent/kube_wiring.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/protocol.h"

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "userspace/agent/protocol.h"
 
 namespace sluice::agent {

@@ -8,7 +8,7 @@
 #include <set>
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice::agent {
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

@@ -9,9 +9,9 @@
 #include <string>
 #include <vector>
 
-#include "loader/pod_types.h"
+#include "base/pod_types.h"
 #include "loader/pod_stats.h"
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice::agent {
 

@@ -9,7 +9,7 @@
 #include <iterator>
 #include <sstream>
 
-#include "loader/pod_types.h"
+#include "base/pod_types.h"
 #include "userspace/agent/client.h"
 #include "userspace/agent/logging.h"
 #include "userspace/cni/install.h"

@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
-#include "loader/tc_mode.h"
+#include "base/result.h"
+#include "base/tc_mode.h"
 
 namespace sluice::cni {
 

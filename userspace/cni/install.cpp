@@ -9,7 +9,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "userspace/cni/cni.h"
 
 namespace sluice::cni {

@@ -13,8 +13,8 @@
 #include <string>
 #include <thread>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 
 namespace sluice::cni {
 

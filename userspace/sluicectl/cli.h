@@ -11,7 +11,7 @@
 #include "loader/datapath.h"
 #include "loader/features.h"
 #include "loader/pod_guard.h"
-#include "loader/result.h"
+#include "base/result.h"
 #include "userspace/agent/protocol.h"
 #include "userspace/sluicectl/net_raw.h"
 

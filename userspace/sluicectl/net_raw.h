@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

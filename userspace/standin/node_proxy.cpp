@@ -14,7 +14,7 @@
 #include <thread>
 #include <utility>
 
-#include "loader/fd.h"
+#include "base/fd.h"
 #include "userspace/agent/zds/client.h"
 
 namespace sluice {

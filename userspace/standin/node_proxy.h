@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "userspace/standin/standin.h"
 
 namespace sluice {

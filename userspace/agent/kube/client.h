@@ -25,7 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice::kube {
 

@@ -45,7 +45,7 @@
 #include <thread>
 #include <vector>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "userspace/agent/kube/backoff.h"
 #include "userspace/agent/kube/client.h"
 #include "userspace/agent/kube/decisions.h"

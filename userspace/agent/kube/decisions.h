@@ -26,7 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loader/result.h"
+#include "base/result.h"
 #include "userspace/agent/kube/objects.h"
 
 namespace sluice::kube {

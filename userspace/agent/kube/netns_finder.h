@@ -23,8 +23,8 @@
 #include <string_view>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 
 namespace sluice::kube {
 

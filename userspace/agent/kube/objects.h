@@ -9,7 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice::kube {
 

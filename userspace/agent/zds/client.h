@@ -17,8 +17,8 @@
 #include <memory>
 #include <string>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 #include "userspace/agent/zds/workload.h"
 
 namespace sluice::zds {

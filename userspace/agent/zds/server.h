@@ -18,8 +18,8 @@
 #include <string>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 #include "userspace/agent/zds/workload.h"
 
 namespace sluice::zds {

@@ -15,8 +15,8 @@
 #include <string_view>
 #include <vector>
 
-#include "loader/fd.h"
-#include "loader/result.h"
+#include "base/fd.h"
+#include "base/result.h"
 #include "userspace/agent/zds/workload.h"
 
 namespace google::protobuf {

@@ -6,7 +6,7 @@
 
 #include <string>
 
-#include "loader/result.h"
+#include "base/result.h"
 
 namespace sluice {
 

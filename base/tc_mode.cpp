@@ -1,4 +1,4 @@
-#include "loader/tc_mode.h"
+#include "base/tc_mode.h"
 
 namespace sluice {
 

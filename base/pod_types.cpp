@@ -1,4 +1,4 @@
-#include "loader/pod_types.h"
+#include "base/pod_types.h"
 
 #include <algorithm>
 #include <cctype>

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "loader/result.h"
-#include "loader/tc_mode.h"
+#include "base/result.h"
+#include "base/tc_mode.h"
 #include "maps/sluice_maps.h"
 
 namespace sluice {
