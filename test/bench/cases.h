@@ -39,7 +39,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "base/fd.h"
 #include "test/bench/iptables.h"
 #include "test/bench/load.h"

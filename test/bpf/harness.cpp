@@ -24,7 +24,7 @@
 #include <thread>
 
 #include "loader/bpffs.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "loader/netlink.h"
 #include "loader/pod_stats.h"
 #include "loader/netns.h"

@@ -873,7 +873,7 @@ Status PodHarness::open() {
   return {};
 }
 
-Result<PodInfo> PodHarness::enroll(PodSpec spec, const EnrollHook* hook) {
+Result<PodInfo> PodHarness::enroll(PodSpec spec, const Handoff* hook) {
   SLUICE_TRY(open());
   if (spec.netnsPath.empty()) spec.netnsPath = pod().path();
   if (spec.id.empty()) spec.id = pod().name();

@@ -34,7 +34,7 @@
 #include <thread>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "base/fd.h"
 #include "base/result.h"
 #include "loader/tc.h"
@@ -417,7 +417,7 @@ class PodHarness {
 
   /// Enrolls the pod netns; @p spec's netnsPath and id are filled in when
   /// empty (the id defaults to the pod netns' name).
-  Result<PodInfo> enroll(PodSpec spec = {}, const EnrollHook* hook = nullptr);
+  Result<PodInfo> enroll(PodSpec spec = {}, const Handoff* hook = nullptr);
   /// Removes the pod enrolled by enroll().
   Status unenroll();
   const std::string& podId() const { return podId_; }

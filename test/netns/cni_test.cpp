@@ -43,7 +43,7 @@
 #include <thread>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "test/common/agent_process.h"
 #include "test/common/cni_conf.h"
 #include "test/common/tempdir.h"

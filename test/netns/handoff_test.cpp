@@ -29,7 +29,7 @@
 #include <thread>
 
 #include "loader/cgroup.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "base/fd.h"
 #include "loader/sk_lookup_stubs.h"
 #include "test/common/agent_process.h"

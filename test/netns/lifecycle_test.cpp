@@ -108,7 +108,7 @@ class LifecycleBase : public ::testing::Test {
   }
   void TearDown() override { h_.reset(); }
   /// An enrollment whose node side fails after the hand-off returned
-  /// @p handOffResult (EnrollHook::failureIsFatal = @p fatal).
+  /// @p handOffResult (Handoff::failureIsFatal = @p fatal).
   void expectNodeSideFailureUndoesHandOff(bool fatal, Status handOffResult);
 
   PodPrograms& maps() { return h_->datapath().programs(); }
@@ -368,9 +368,9 @@ TEST_P(Lifecycle, IdentityIsRecordedAndAnotherOneIsRefused) {
   EXPECT_EQ(bad.error().message, "uid has a character that is not printable ASCII (or a space)");
 }
 
-/// An EnrollHook that records what the data plane looked like when it ran.
+/// An Handoff that records what the data plane looked like when it ran.
 struct RecordingHook {
-  EnrollHook hook;
+  Handoff hook;
   int applied = 0, undone = 0;
   bool redirectionOn = false, probeAddressesIn = false, recordIn = false;
   Status result;

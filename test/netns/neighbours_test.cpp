@@ -29,7 +29,7 @@
 #include <tuple>
 
 #include "foreign_tc.skel.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "loader/tc.h"
 #include "test/common/topology.h"
 

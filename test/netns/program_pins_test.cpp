@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "loader/bpffs.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "loader/features.h"
 #include "loader/program_pins.h"
 #include "loader/tc.h"

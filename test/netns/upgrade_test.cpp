@@ -29,7 +29,7 @@
 #include <tuple>
 
 #include "loader/bpffs.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "loader/migrate.h"
 #include "loader/programs.h"
 #include "test/common/agent_process.h"

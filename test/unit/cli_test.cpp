@@ -5,7 +5,7 @@
 #include <filesystem>
 #include <sstream>
 
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "loader/tc.h"
 #include "userspace/sluicectl/cli.h"
 

@@ -7,7 +7,7 @@
 
 #include <sstream>
 
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "test/common/tempdir.h"
 #include "userspace/cni/cni.h"
 

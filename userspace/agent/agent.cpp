@@ -535,7 +535,7 @@ Result<PodInfo> Agent::addLocked(PodSpec spec, bool handOffFatal) {
                         "needs the pod's Kubernetes uid (sluice-cni takes it from CNI_ARGS K8S_POD_UID; "
                         "sluicectl: --uid)",
                         EINVAL);
-    EnrollHook hook{[this, handOffFatal](const PodInfo& p) { return handOff(p, handOffFatal); },
+    Handoff hook{[this, handOffFatal](const PodInfo& p) { return handOff(p, handOffFatal); },
                     [this](const PodInfo& p) { (void)zds_->del(p.identity.uid); }, handOffFatal};
     info = dp_->addPod(spec, &hook);
   } else {

@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "loader/bpffs.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "base/fd.h"
 #include "userspace/agent/kube_wiring.h"
 #include "userspace/agent/metrics.h"
@@ -114,14 +114,14 @@ class Agent {
     std::lock_guard<std::mutex> lk_;
   };
   /// ZDS: AddWorkload of an enrolled pod with its netns and the ack
-  /// (EnrollHook::apply); errors are retryable (EAGAIN). With
+  /// (Handoff::apply); errors are retryable (EAGAIN). With
   /// @p takeBackOnRefusal an error ack is followed by DelWorkload (the
   /// enrollment is rolled back; a running pod keeps it, and ztunnel retries).
   Status handOff(const PodInfo& pod, bool takeBackOnRefusal);
   /// ZDS: the pods of a new connection's snapshot.
   std::vector<zds::SnapshotEntry> snapshot();
   /// The API's add and remove, dpMu_ held; with ZDS on, @p handOffFatal as
-  /// EnrollHook::failureIsFatal. removeLocked returns the pod's uid.
+  /// Handoff::failureIsFatal. removeLocked returns the pod's uid.
   Result<PodInfo> addLocked(PodSpec spec, bool handOffFatal);
   Result<std::string> removeLocked(const std::string& id);
   /// The registry operations the Kubernetes side uses (each takes dpMu_).

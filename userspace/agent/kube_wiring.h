@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "userspace/agent/kube/client.h"
 #include "userspace/agent/kube/controller.h"
 #include "userspace/agent/kube_options.h"
@@ -35,7 +35,7 @@ namespace sluice::agent {
 /// agent's datapath lock itself; none is called with it held.
 struct AgentDataplane {
   /// Enrolls (Datapath::addPod through the agent, with the hand-off when
-  /// ZDS is on); @p handOffFatal as EnrollHook::failureIsFatal.
+  /// ZDS is on); @p handOffFatal as Handoff::failureIsFatal.
   std::function<Result<PodInfo>(const PodSpec&, bool handOffFatal)> add;
   /// Removes a pod by id (probe SNAT, redirection, then DelWorkload).
   std::function<Status(const std::string& id)> remove;

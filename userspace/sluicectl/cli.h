@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "loader/bpffs.h"
-#include "loader/datapath.h"
+#include "enroll/datapath.h"
 #include "loader/features.h"
 #include "loader/pod_guard.h"
 #include "base/result.h"

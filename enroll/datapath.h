@@ -1,9 +1,10 @@
-// Enrolling pods into sluice and removing them: the loader's public face,
-// used by sluicectl (and later the agent).
+// Enrolling pods into sluice and removing them: the facade sluicectl, the
+// CNI path and the agent use. What enrolling does is the pod's plan
+// (enroll/plan.cpp), run by enroll/runner.h; this class holds the loaded
+// programs, takes the state lock and keeps the registry.
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -11,34 +12,21 @@
 
 #include <sys/types.h>
 
-#include "loader/features.h"
-#include "loader/pod_steps.h"
 #include "base/pod_types.h"
-#include "loader/programs.h"
-#include "loader/pod_guard.h"
 #include "base/result.h"
-#include "loader/tc.h"
+#include "base/tc_mode.h"
+#include "enroll/handoff.h"
+#include "enroll/proxy_identity.h"
+#include "enroll/registry.h"
+#include "enroll/runner.h"
+#include "enroll/settings.h"
+#include "loader/pod_guard.h"
+#include "loader/programs.h"
 #include "maps/sluice_maps.h"
 
 namespace sluice {
 
-class NetlinkSocket;
-
-/// Global settings; defaults are the spec's (Istio's) values.
-struct Settings {
-  uint16_t outboundPort = SLUICE_DEFAULT_OUTBOUND_PORT;
-  uint16_t inboundPort = SLUICE_DEFAULT_INBOUND_PORT;
-  uint16_t hbonePort = SLUICE_DEFAULT_HBONE_PORT;
-  uint16_t dnsPort = SLUICE_DEFAULT_DNS_PORT;
-  uint32_t proxyMark = SLUICE_DEFAULT_PROXY_MARK;
-  uint32_t returnMark = SLUICE_DEFAULT_RETURN_MARK;
-  uint32_t markMask = SLUICE_DEFAULT_MARK_MASK;
-  std::string probeV4 = SLUICE_DEFAULT_PROBE_V4;
-  std::string probeV6 = SLUICE_DEFAULT_PROBE_V6;
-};
-
-/// Converts Settings to the map layout; errors name the bad field.
-Result<sluice_settings> encodeSettings(const Settings& s);
+struct PodContext;
 
 struct DatapathOptions {
   std::string bpffsRoot = SLUICE_DEFAULT_BPFFS_ROOT;
@@ -68,57 +56,12 @@ struct DatapathOptions {
 /// What a long-running process that enrolls pods keeps loaded ahead.
 inline constexpr size_t kSkLookupStubsAhead = 16;
 
-/// An enrollment step outside the data plane, run by Datapath::addPod once
-/// the pod's redirection is in place and before the node side (probe SNAT)
-/// is, as Istio's agent orders it: the hand-off of the pod to the node
-/// proxy. Its outcome is recorded in the registry (HandoffState).
-/// `undo` runs when a later step fails after `apply` was tried (and, when
-/// failures are fatal, succeeded).
-struct EnrollHook {
-  std::function<Status(const PodInfo&)> apply;
-  std::function<void(const PodInfo&)> undo;
-  /// true (the CNI path): `apply` failing fails the enrollment and rolls
-  /// everything back, so the runtime retries the sandbox. false (a running
-  /// pod enrolled by the Kubernetes controller): the redirection stays in
-  /// place with the hand-off recorded as failed, and addPod succeeds; the
-  /// caller retries the hand-off with addPod later (Istio's "pending").
-  bool failureIsFatal = true;
-};
-
 /// How an enrolled pod's traffic is captured: what Datapath::updatePodSettings
 /// changes in place (the PodSpec fields of the same names).
 struct CaptureSettings {
   bool dnsCapture = true;
   bool inboundCapture = true;
   std::vector<std::string> rerouteIfaces;
-};
-
-/// A cgroup (v2) of the node proxy, as proxy_cgroups records it.
-struct ProxyCgroup {
-  uint64_t id = 0;
-  uint32_t pid = 0;       ///< the proxy process seen in it
-  uint64_t sinceNs = 0;   ///< CLOCK_REALTIME when first seen
-};
-
-/// How the programs tell the node proxy's traffic (rule 5): the mark alone,
-/// or the mark from one of the proxy's cgroups.
-struct ProxyIdentity {
-  bool cgroupCheck = false;
-  std::vector<ProxyCgroup> cgroups;
-};
-
-/// The proxy identity pinned under @p root, read from the pins without
-/// loading programs or taking the lock; nullopt when nothing is pinned.
-/// @p mark and @p mask get the pinned settings' proxy mark.
-Result<std::optional<ProxyIdentity>> readPinnedProxyIdentity(const std::string& root, uint32_t& mark, uint32_t& mask);
-
-/// What a look at one enrolled pod found (and, when repairing, did).
-struct PodCheck {
-  std::string id;
-  bool gone = false;                  ///< its netns no longer exists
-  std::vector<std::string> problems;  ///< damage found
-  std::vector<std::string> repaired;  ///< damage fixed (repair mode only)
-  int programsReplaced = 0;           ///< hooks switched to this Datapath's programs
 };
 
 /// One reconciliation sweep over every enrolled pod.
@@ -129,13 +72,6 @@ struct ReconcileReport {
   int programsReplaced = 0;          ///< hooks now running this Datapath's programs
   std::vector<std::string> errors;   ///< what could not be done, one line each
 };
-
-/// The refusal of a `pod add` whose settings differ from the enrolled
-/// pod's; names the settings in force (EEXIST).
-Error otherSettingsError(const PodInfo& enrolled);
-
-/// Reads PodInfo out of a registry record.
-PodInfo podInfoFromRecord(const std::string& id, const sluice_pod_record& rec);
 
 class Datapath {
  public:
@@ -152,7 +88,7 @@ class Datapath {
   /// runs after the redirection is in place (again for an enrolled pod: a
   /// retried hand-off; failing then leaves the enrollment in place, and is
   /// an error only when hook->failureIsFatal).
-  Result<PodInfo> addPod(const PodSpec& spec, const EnrollHook* hook = nullptr);
+  Result<PodInfo> addPod(const PodSpec& spec, const Handoff* hook = nullptr);
 
   /// Changes an enrolled pod's capture settings in place, without a gap in
   /// capture: its pod_config entry (what the programs read) is replaced in
@@ -227,21 +163,18 @@ class Datapath {
   Datapath(DatapathOptions options, std::unique_ptr<PodPrograms> programs)
       : options_(std::move(options)), programs_(std::move(programs)) {}
 
-  std::string linkDir(const std::string& id) const;
-  /// checkPod / reconcile of one pod, the lock held.
-  PodCheck inspect(const std::string& id, const sluice_pod_record& rec, bool repair);
+  /// The context a pod's steps run with, from its record.
+  PodContext contextFor(const std::string& id, const sluice_pod_record& rec);
+  /// The retried enrollment of a pod enrolled with the same settings: the
+  /// hand-off again (a failure leaves the enrollment as it was).
+  Result<PodInfo> retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook);
   Status teardown(const std::string& id, const sluice_pod_record& rec);
   /// teardown of a pod whose netns is gone and that still holds something
   /// a new enrollment needs (@p held: "its id", "address A"); says so.
   Status reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held);
-  /// Node side of addPod: finds the host-side veth in the node netns and
-  /// attaches the probe SNAT programs; registers the pod's addresses.
-  Status addNodeSide(const std::string& id, const PodSpec& spec, int podVethIfindex, int peerIfindex,
-                     sluice_pod_record& rec);
-  /// The socket mode's steps of a pod (loader/socket_capture.h), for a
-  /// thread in its netns.
-  std::vector<PodStep> socketSteps(const std::string& id, sluice_pod_record& rec, NetlinkSocket& nl, int netnsFd,
-                                   bool ipv6);
+  /// Socket mode: the node-wide hooks re-made and switched to this
+  /// Datapath's programs, before a sweep looks at the pods.
+  void reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, ReconcileReport& report);
 
   /// A second instance of the programs (same maps), loaded when a sweep
   /// moves a tcx link to the front (moveTcxToFront); dropped after it.
