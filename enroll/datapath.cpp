@@ -272,14 +272,21 @@ Status Datapath::setHandoff(const std::string& id, HandoffState state, const std
   return st;
 }
 
-Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const CaptureSettings& settings) {
+Result<Datapath::LockedPod> Datapath::lockedPod(const std::string& id) {
   SLUICE_TRY(validatePodId(id));
-  if (settings.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
-    return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " reroute interfaces", EINVAL);
   auto lock = StateLock::acquire(options_.bpffsRoot);
   SLUICE_TRY(lock);
   auto rec = programs_->pods.lookup(podKey(id));
   if (!rec) return notEnrolledError(id);
+  return LockedPod{std::move(*lock), *rec};
+}
+
+Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const CaptureSettings& settings) {
+  if (settings.rerouteIfaces.size() > SLUICE_MAX_REROUTE_IFACES)
+    return Error::msg("at most " + std::to_string(SLUICE_MAX_REROUTE_IFACES) + " reroute interfaces", EINVAL);
+  auto pod = lockedPod(id);
+  SLUICE_TRY(pod);
+  const sluice_pod_record* rec = &pod->rec;
 
   PodContext c = contextFor(id, *rec);
   sluice_pod_config& cfg = c.rec.config;
@@ -287,22 +294,10 @@ Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const Capture
   cfg.flags |= captureFlags(settings.dnsCapture, settings.inboundCapture);
   cfg.reroute_count = 0;
   std::memset(cfg.reroute_ifindex, 0, sizeof(cfg.reroute_ifindex));
-  if (!settings.rerouteIfaces.empty()) {
-    // Names resolve in the pod's netns, as at enrollment; the programs run
-    // only on the interfaces attached then, so only those can reroute.
-    auto ns = openNetns(netnsPathOf(*rec));
-    SLUICE_TRY(ns);
-    SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
-      auto cookie = currentNetnsCookie();
-      SLUICE_TRY(cookie);
-      if (*cookie != rec->netns_cookie)
-        return Error::msg("pod '" + id + "': " + netnsPathOf(*rec) + " names another netns now", ESTALE);
-      c.inPodNetns = true;
-      Status st = resolveRerouteIfaces(c, settings.rerouteIfaces, cfg);
-      c.inPodNetns = false;
-      return st;
-    }));
-  }
+  // Names resolve in the pod's netns, as at enrollment; the programs run
+  // only on the interfaces attached then, so only those can reroute.
+  if (!settings.rerouteIfaces.empty())
+    SLUICE_TRY(inPodNetns(c, [&] { return resolveRerouteIfaces(c, settings.rerouteIfaces, cfg); }));
   if (sameConfig(cfg, rec->config)) return podInfoFromRecord(id, *rec);
 
   // The record first: should a later write fail (or the process die in
@@ -332,12 +327,9 @@ Status Datapath::reapStale(const std::string& id, const sluice_pod_record& rec, 
 }
 
 Status Datapath::removePod(const std::string& id) {
-  SLUICE_TRY(validatePodId(id));
-  auto lock = StateLock::acquire(options_.bpffsRoot);
-  SLUICE_TRY(lock);
-  auto rec = programs_->pods.lookup(podKey(id));
-  if (!rec) return notEnrolledError(id);
-  Status st = teardown(id, *rec);
+  auto pod = lockedPod(id);
+  SLUICE_TRY(pod);
+  Status st = teardown(id, pod->rec);
   if (st.ok()) spdlog::info("removed pod {}", id);
   return st;
 }
@@ -378,13 +370,10 @@ Result<PodPrograms*> Datapath::stagingPrograms() {
 }
 
 Result<PodCheck> Datapath::checkPod(const std::string& id) {
-  SLUICE_TRY(validatePodId(id));
-  auto lock = StateLock::acquire(options_.bpffsRoot);
-  SLUICE_TRY(lock);
-  auto rec = programs_->pods.lookup(podKey(id));
-  if (!rec) return notEnrolledError(id);
-  PodContext c = contextFor(id, *rec);
-  return checkPlan(planFor(*rec, PlanFor::enrolled(*rec)), c, false);
+  auto pod = lockedPod(id);
+  SLUICE_TRY(pod);
+  PodContext c = contextFor(id, pod->rec);
+  return checkPlan(planFor(pod->rec, PlanFor::enrolled(pod->rec)), c, false);
 }
 
 void Datapath::reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, ReconcileReport& report) {

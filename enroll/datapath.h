@@ -20,6 +20,7 @@
 #include "enroll/registry.h"
 #include "enroll/runner.h"
 #include "enroll/settings.h"
+#include "loader/bpffs.h"
 #include "loader/pod_guard.h"
 #include "loader/programs.h"
 #include "maps/sluice_maps.h"
@@ -163,6 +164,14 @@ class Datapath {
   Datapath(DatapathOptions options, std::unique_ptr<PodPrograms> programs)
       : options_(std::move(options)), programs_(std::move(programs)) {}
 
+  /// An enrolled pod's record, read with the state lock held.
+  struct LockedPod {
+    StateLock lock;
+    sluice_pod_record rec;
+  };
+  /// Validates @p id, takes the state lock, reads the pod's record; an
+  /// error when it is not enrolled.
+  Result<LockedPod> lockedPod(const std::string& id);
   /// The context a pod's steps run with, from its record.
   PodContext contextFor(const std::string& id, const sluice_pod_record& rec);
   /// The retried enrollment of a pod enrolled with the same settings: the

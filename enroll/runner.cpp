@@ -100,6 +100,12 @@ Status undoUpTo(const Plan& plan, size_t end, PodContext& c) {
 
 }  // namespace
 
+Status inPodNetns(PodContext& c, const std::function<Status()>& fn) {
+  auto ran = inGroup(c, Where::Pod, fn);
+  if (!ran) return Error::msg("pod '" + c.id + "': " + netnsPathOf(c.rec) + " is gone or names another netns now", ESTALE);
+  return *ran;
+}
+
 Status applyPlan(const Plan& plan, PodContext& c) {
   size_t applied = 0;
   Status failed;

@@ -3,6 +3,7 @@
 // runner enters that netns once per group and checks its cookie once.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +20,11 @@ struct PodCheck {
   std::vector<std::string> repaired;  ///< damage fixed (repair mode only)
   int programsReplaced = 0;           ///< hooks switched to this Datapath's programs
 };
+
+/// Runs @p fn in the pod's netns as the runner does for a group of Pod
+/// steps (its cookie checked against the record, c.inPodNetns set); an
+/// error names the pod when its netns is gone or is another one now.
+Status inPodNetns(PodContext& c, const std::function<Status()>& fn);
 
 /// Applies the steps in order; when one fails, the ones applied are undone
 /// in reverse and its error is returned (prefixed with what it is). The

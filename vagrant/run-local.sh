@@ -165,6 +165,12 @@ boot() {
     fi
     sleep 1
   done
+  # A KVM guest that QEMU gave up on before the initramfs spoke (some hosts
+  # refuse a model-specific register: "failed to set MSR", an abort) is
+  # the same case as a silent one.
+  if [ "$status" -eq 0 ] && [ "$watchdog" -gt 0 ] && ! grep -q "sluice-vm: initramfs" "$work/console.log"; then
+    status=3
+  fi
   kill "$qemu_pid" 2>/dev/null || true
   wait "$qemu_pid" 2>/dev/null || true
   qemu_pid=""
@@ -173,8 +179,9 @@ boot() {
 }
 
 # KVM where it is usable: some hosts expose /dev/kvm but their KVM guests
-# hang in the firmware, so a KVM guest that is silent for 60 s is dropped
-# for emulation (TCG), which always works, only slower.
+# hang in the firmware or QEMU aborts them at once, so a KVM guest that is
+# silent for 60 s or stops before its initramfs speaks is dropped for
+# emulation (TCG), which always works, only slower.
 accel="${SLUICE_VM_ACCEL:-auto}"
 case "$accel" in
   auto|kvm|tcg) ;;
@@ -185,7 +192,7 @@ status=0
 if [ "$accel" != tcg ] && [ -r /dev/kvm ] && [ -w /dev/kvm ]; then
   boot kvm "$([ "$accel" = auto ] && echo 60 || echo 0)" || status=$?
   if [ "$status" -eq 3 ]; then
-    echo "run-local.sh: the KVM guest said nothing in 60s; emulating instead (TCG)"
+    echo "run-local.sh: the KVM guest stopped or said nothing in 60s; emulating instead (TCG)"
     status=0
     boot tcg 0 || status=$?
   fi
