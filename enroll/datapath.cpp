@@ -14,7 +14,7 @@
 #include "loader/cgroup.h"
 #include "loader/features.h"
 #include "loader/netns.h"
-#include "loader/pod_stats.h"
+#include "base/pod_stats.h"
 #include "loader/privileges.h"
 #include "loader/sock_hooks.h"
 

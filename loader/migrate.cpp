@@ -16,7 +16,6 @@
 #include <optional>
 
 #include "base/fd.h"
-#include "loader/programs.h"
 #include "maps/sluice_maps.h"
 
 namespace sluice {
@@ -84,7 +83,7 @@ Status copyEntries(int oldFd, const BpfMap<K, NewV>& into, Convert convert, size
 // copied and what it lacks is what those builds did (identity and hand-off
 // none, TC capture, no sysctl of the socket mode touched).
 template <typename Old>
-Status migratePodsPrefix(int oldFd, PodPrograms& p, uint32_t from, size_t& copied) {
+Status migratePodsPrefix(int oldFd, MigrationMaps& p, uint32_t from, size_t& copied) {
   struct bpf_map_info info = {};
   __u32 len = sizeof(info);
   if (bpf_obj_get_info_by_fd(oldFd, &info, &len) != 0) return Error::fromErrno(errno, "read the old pods map");
@@ -104,10 +103,10 @@ Status migratePodsPrefix(int oldFd, PodPrograms& p, uint32_t from, size_t& copie
       copied);
 }
 
-Status migratePodsFrom1(int oldFd, PodPrograms& p, const std::string& /*root*/, size_t& copied) {
+Status migratePodsFrom1(int oldFd, MigrationMaps& p, const std::string& /*root*/, size_t& copied) {
   return migratePodsPrefix<PodRecordV1>(oldFd, p, 1, copied);
 }
-Status migratePodsFrom2(int oldFd, PodPrograms& p, const std::string& /*root*/, size_t& copied) {
+Status migratePodsFrom2(int oldFd, MigrationMaps& p, const std::string& /*root*/, size_t& copied) {
   return migratePodsPrefix<PodRecordV2>(oldFd, p, 2, copied);
 }
 
@@ -115,7 +114,7 @@ Status migratePodsFrom2(int oldFd, PodPrograms& p, const std::string& /*root*/, 
 // in the forward half (snat_fwd, same key and value types, keyed prober ->
 // pod as the prober sends it). Layout 2 is one element per connection: the
 // old reverse entries as they are, with the flags of their forward entries.
-Status migrateSnatRevFrom1(int oldFd, PodPrograms& p, const std::string& root, size_t& copied) {
+Status migrateSnatRevFrom1(int oldFd, MigrationMaps& p, const std::string& root, size_t& copied) {
   std::string fwdPin = root + "/" + SLUICE_PIN_RETIRED_SNAT_FWD;
   Fd fwd(bpf_obj_get(fwdPin.c_str()));  // absent: no flags to carry over
   return copyEntries<sluice_snat_key, sluice_snat_value>(
@@ -133,7 +132,7 @@ Status migrateSnatRevFrom1(int oldFd, PodPrograms& p, const std::string& root, s
       });
 }
 
-using MigrateFn = Status (*)(int oldFd, PodPrograms& p, const std::string& root, size_t& copied);
+using MigrateFn = Status (*)(int oldFd, MigrationMaps& p, const std::string& root, size_t& copied);
 struct Migrator {
   const char* name;
   uint32_t from;
@@ -323,12 +322,12 @@ Status Migration::prepare() {
   return {};
 }
 
-Status Migration::complete(PodPrograms& programs) {
+Status Migration::complete(MigrationMaps maps) {
   for (const auto& s : steps_) {
     Fd old(bpf_obj_get(s.asidePin.c_str()));
     if (!old.valid()) return Error::fromErrno(errno, "open the old map " + s.asidePin);
     size_t copied = 0;
-    SLUICE_TRY(migratorFor(s.name, s.from)->fn(old.get(), programs, root_, copied));
+    SLUICE_TRY(migratorFor(s.name, s.from)->fn(old.get(), maps, root_, copied));
     if (::unlink(s.asidePin.c_str()) != 0) return Error::fromErrno(errno, "unpin " + s.asidePin);
     (void)::rmdir(asideDir(root_).c_str());  // when it is empty
     spdlog::info("migrated pinned map {} from layout {} to {}: {} entr{} copied", s.name, s.from, s.to, copied,
@@ -342,12 +341,12 @@ Status Migration::complete(PodPrograms& programs) {
       return Error::fromErrno(errno, "unpin " + pin);
     sluice_layout_key k{};
     std::strncpy(k.name, name, sizeof(k.name) - 1);
-    (void)programs.layouts.erase(k);
+    (void)maps.layouts.erase(k);
   }
   for (const auto& l : mapLayouts()) {
     sluice_layout_key k{};
     std::strncpy(k.name, l.name, sizeof(k.name) - 1);
-    SLUICE_TRY(programs.layouts.update(k, sluice_layout_value{l.version, 0}));
+    SLUICE_TRY(maps.layouts.update(k, sluice_layout_value{l.version, 0}));
   }
   return {};
 }

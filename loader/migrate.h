@@ -12,12 +12,21 @@
 #include <vector>
 
 #include "base/result.h"
+#include "loader/bpf_map.h"
+#include "maps/sluice_maps.h"
 
 struct bpf_object;
 
 namespace sluice {
 
-class PodPrograms;
+/// The loaded maps a migration fills and records layouts in (the pod
+/// programs' own, passed in so that this file needs nothing of programs.h,
+/// which drives the migration).
+struct MigrationMaps {
+  BpfMap<sluice_pod_id, sluice_pod_record>& pods;
+  BpfMap<sluice_snat_key, sluice_snat_value>& snatRev;
+  BpfMap<sluice_layout_key, sluice_layout_value>& layouts;
+};
 
 /// A map this build pins: its name (= pin name) and layout version.
 struct MapLayout {
@@ -60,7 +69,7 @@ class Migration {
   /// map's layout in `layouts`, and unpins the old maps. The old maps live
   /// on while an attached program still uses them (until the hooks are
   /// switched to the new programs).
-  Status complete(PodPrograms& programs);
+  Status complete(MigrationMaps maps);
 
  private:
   struct Step {

@@ -29,7 +29,7 @@
 #include <sstream>
 #include <string>
 
-#include "loader/pod_stats.h"
+#include "base/pod_stats.h"
 #include "test/bpf/fuzz_generator.h"
 #include "test/bpf/fuzz_model.h"
 #include "test/bpf/harness.h"

@@ -26,7 +26,7 @@
 #include "loader/bpffs.h"
 #include "enroll/datapath.h"
 #include "loader/netlink.h"
-#include "loader/pod_stats.h"
+#include "base/pod_stats.h"
 #include "loader/netns.h"
 
 namespace sluice::test {

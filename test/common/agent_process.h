@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/result.h"
-#include "userspace/agent/client.h"
+#include "userspace/api/client.h"
 
 namespace sluice::test {
 

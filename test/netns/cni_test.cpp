@@ -49,7 +49,7 @@
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
-#include "userspace/agent/client.h"
+#include "userspace/api/client.h"
 #include "userspace/cni/cni.h"
 #include "userspace/standin/node_proxy.h"
 

@@ -2,10 +2,10 @@
 // no privileges.
 #include <gtest/gtest.h>
 
-#include "userspace/agent/logging.h"
+#include "userspace/api/logging.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/agent/options.h"
-#include "userspace/agent/protocol.h"
+#include "userspace/api/protocol.h"
 #include "userspace/sluicectl/cli.h"
 
 namespace sluice::agent {

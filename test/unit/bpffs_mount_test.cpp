@@ -5,7 +5,7 @@
 
 #include "loader/bpffs.h"
 #include "userspace/agent/options.h"
-#include "userspace/agent/protocol.h"
+#include "userspace/api/protocol.h"
 
 namespace sluice {
 namespace {

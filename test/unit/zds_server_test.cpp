@@ -30,6 +30,7 @@
 #include "base/fd.h"
 #include "test/common/tempdir.h"
 #include "test/common/zds_peers.h"
+#include "userspace/agent/metrics.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
 
@@ -69,6 +70,7 @@ class ZdsServer : public ::testing::Test {
   void SetUp() override { ASSERT_FALSE(dir_.path().empty()); }
 
   std::unique_ptr<Server> startServer(ServerOptions o) {
+    o.observer = &counts_;
     auto s = Server::start(std::move(o));
     EXPECT_TRUE(s.ok()) << s.error().message;
     return s.ok() ? std::move(*s) : nullptr;
@@ -83,11 +85,12 @@ class ZdsServer : public ::testing::Test {
 
   std::string metrics(const Server& s) {
     std::string out;
-    s.renderMetrics(out);
+    counts_.render(out, s.peers().size());
     return out;
   }
 
   TempDir dir_{"zds"};
+  sluice::agent::ZdsMetrics counts_;  ///< what the server counts, as the agent renders it
 };
 
 // ---- Hello -------------------------------------------------------------------------

@@ -15,9 +15,9 @@
 #include "loader/bpffs.h"
 #include "enroll/datapath.h"
 #include "base/fd.h"
-#include "userspace/agent/kube_wiring.h"
+#include "userspace/agent/kube/wiring.h"
 #include "userspace/agent/metrics.h"
-#include "userspace/agent/protocol.h"
+#include "userspace/api/protocol.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/cni/watch.h"
 
@@ -36,7 +36,7 @@ struct AgentOptions {
   /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
   std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
   /// Kubernetes: which pods are in the mesh, running pods, annotations
-  /// (kube_wiring.h); off unless in a pod or given --kube-api.
+  /// (kube/wiring.h); off unless in a pod or given --kube-api.
   KubeOptions kube;
   /// Start even when the bpffs is private to the agent's mount namespace
   /// (every pin goes with it).
@@ -126,6 +126,9 @@ class Agent {
   Result<std::string> removeLocked(const std::string& id);
   /// The registry operations the Kubernetes side uses (each takes dpMu_).
   AgentDataplane kubeDataplane();
+  /// With a ZDS socket: starts the ZDS server; without: the proxy identity
+  /// is the mark alone.
+  Status startZds();
   /// Refuses a bpffs private to this mount namespace unless allowed.
   Status checkBpffs();
 
@@ -133,6 +136,7 @@ class Agent {
   std::unique_ptr<Datapath> dp_;
   std::mutex dpMu_;  ///< one operation on the datapath at a time
   Metrics metrics_;
+  ZdsMetrics zdsMetrics_;  ///< the ZDS server's observer; outlives zds_
   Fd apiFd_, metricsFd_, stopFd_;  ///< stopFd_: eventfd that wakes the loops
   uint16_t metricsPort_ = 0;
   std::atomic<bool> stopping_{false};

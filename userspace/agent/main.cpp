@@ -4,7 +4,7 @@
 
 #include <iostream>
 
-#include "userspace/agent/logging.h"
+#include "userspace/api/logging.h"
 #include "userspace/agent/options.h"
 
 int main(int argc, char** argv) {

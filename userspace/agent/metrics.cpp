@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "userspace/agent/kube/wiring.h"
+
 namespace sluice::agent {
 
 namespace {
@@ -16,6 +18,12 @@ std::string number(double v) {
 // Pod add/remove take about a millisecond in process; the buckets span
 // 100 µs to 10 s.
 std::vector<double> latencyBounds() { return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}; }
+
+// 50 µs .. 5 s (the default ack deadline): an ack from a local ztunnel comes
+// in well under a millisecond; the upper buckets show a struggling one.
+std::vector<double> ackBounds() {
+  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+}
 
 }  // namespace
 
@@ -127,6 +135,72 @@ std::string Metrics::render() const {
   out += "sluice_agent_connections_refused_total{listener=\"api\"} " + std::to_string(refusedApi_) + "\n";
   out += "sluice_agent_connections_refused_total{listener=\"metrics\"} " + std::to_string(refusedMetrics_) + "\n";
   return out;
+}
+
+ZdsMetrics::ZdsMetrics() : ackLatency_(ackBounds()) {}
+
+void ZdsMetrics::request(const std::string& type, const std::string& result) {
+  std::lock_guard lock(mu_);
+  requests_[{type, result}]++;
+}
+
+void ZdsMetrics::acked(double seconds) {
+  std::lock_guard lock(mu_);
+  ackLatency_.observe(seconds);
+}
+
+void ZdsMetrics::render(std::string& out, size_t connections) const {
+  metricHeader(out, "sluice_ztunnel_connections", "gauge", "ztunnel connections on the ZDS socket (after their hello).");
+  out += "sluice_ztunnel_connections " + std::to_string(connections) + "\n";
+  std::lock_guard lock(mu_);
+  metricHeader(out, "sluice_ztunnel_requests_total", "counter",
+               "ZDS requests to ztunnel by type and result (error: error ack or broken connection).");
+  for (const char* type : zds::kRequestTypes) {
+    for (const char* result : zds::kRequestResults) {
+      auto it = requests_.find({type, result});
+      uint64_t n = it == requests_.end() ? 0 : it->second;
+      out += std::string("sluice_ztunnel_requests_total{type=\"") + type + "\",result=\"" + result + "\"} " +
+             std::to_string(n) + "\n";
+    }
+  }
+  metricHeader(out, "sluice_ztunnel_ack_duration_seconds", "histogram", "Time from sending a ZDS request to its ack.");
+  ackLatency_.render(out, "sluice_ztunnel_ack_duration_seconds");
+}
+
+void renderKubeMetrics(std::string& out, const KubeCounters& c) {
+  const kube::ControllerStats& s = c.controller;
+  auto gauge = [&](const char* name, const char* help, uint64_t v) {
+    metricHeader(out, name, "gauge", help);
+    out += std::string(name) + " " + std::to_string(v) + "\n";
+  };
+  auto counter = [&](const char* name, const char* help, std::initializer_list<std::pair<const char*, uint64_t>> rows) {
+    metricHeader(out, name, "counter", help);
+    for (const auto& [label, v] : rows) out += std::string(name) + label + " " + std::to_string(v) + "\n";
+  };
+  gauge("sluice_kube_synced", "1 once the pod and namespace caches listed and the start-up reconciliation ran.",
+        s.synced && s.reconciled ? 1 : 0);
+  gauge("sluice_kube_pods_enrolled", "Pods of this node the Kubernetes controller holds as enrolled.", s.enrolled);
+  gauge("sluice_kube_queue_depth", "Pods waiting for the controller (or for a retry).", s.queued);
+  counter("sluice_kube_dataplane_total", "The controller's changes to the data plane, by operation and result.",
+          {{"{op=\"enroll\",result=\"ok\"}", s.enrolls},
+           {"{op=\"enroll\",result=\"error\"}", s.enrollFailures},
+           {"{op=\"update\",result=\"ok\"}", s.updates},
+           {"{op=\"update\",result=\"error\"}", s.updateFailures},
+           {"{op=\"unenroll\",result=\"ok\"}", s.unenrolls},
+           {"{op=\"unenroll\",result=\"error\"}", s.unenrollFailures}});
+  counter("sluice_kube_netns_not_found_total", "Selected running pods whose network namespace was not found (retried).",
+          {{"", s.netnsNotFound}});
+  counter("sluice_kube_status_patches_total", "ambient.istio.io/redirection patches of pods/status, by result.",
+          {{"{result=\"ok\"}", s.patches}, {"{result=\"error\"}", s.patchFailures}});
+  counter("sluice_kube_cni_decisions_total", "The API's adds answered from Kubernetes, by answer.",
+          {{"{answer=\"enrolled\"}", c.cniEnrolled},
+           {"{answer=\"not_in_mesh\"}", c.cniNotInMesh},
+           {"{answer=\"error\"}", c.cniErrors},
+           {"{answer=\"no_identity\"}", c.cniByHand}});
+  counter("sluice_kube_direct_lookups_total", "Pods the CNI path asked the API server for (not yet in the watch cache).",
+          {{"", s.directLookups}});
+  counter("sluice_kube_watch_errors_total", "Failed list/watch attempts, by resource.",
+          {{"{resource=\"pods\"}", s.pods.errors}, {"{resource=\"namespaces\"}", s.namespaces.errors}});
 }
 
 }  // namespace sluice::agent

@@ -8,7 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "userspace/agent/zds/server.h"
+
 namespace sluice::agent {
+
+struct KubeCounters;
 
 /// A latency histogram with fixed buckets (seconds).
 class Histogram {
@@ -50,6 +54,27 @@ class Metrics {
   uint64_t cniRestores_ = 0, cniErrors_ = 0;
   uint64_t refusedApi_ = 0, refusedMetrics_ = 0;
 };
+
+/// The ZDS server's counts, told as they happen (zds::Observer); thread-safe.
+class ZdsMetrics : public zds::Observer {
+ public:
+  ZdsMetrics();
+  void request(const std::string& type, const std::string& result) override;
+  void acked(double seconds) override;
+  /// Prometheus text: sluice_ztunnel_connections (gauge, @p connections),
+  /// sluice_ztunnel_requests_total{type=add|del|keep|snapshot_sent,
+  /// result=ok|error|timeout|no_connection}, sluice_ztunnel_ack_duration_seconds
+  /// (histogram).
+  void render(std::string& out, size_t connections) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::map<std::pair<std::string, std::string>, uint64_t> requests_;
+  Histogram ackLatency_;
+};
+
+/// sluice_kube_* metrics from the Kubernetes side's counters.
+void renderKubeMetrics(std::string& out, const KubeCounters& counters);
 
 /// Appends "# HELP name help\n# TYPE name type\n".
 void metricHeader(std::string& out, const std::string& name, const std::string& type, const std::string& help);

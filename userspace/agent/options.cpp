@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "userspace/agent/logging.h"
+#include "userspace/api/logging.h"
 
 namespace sluice::agent {
 

@@ -5,7 +5,7 @@
 #include <vector>
 
 #include "userspace/agent/agent.h"
-#include "userspace/agent/kube_options.h"
+#include "userspace/agent/kube/options.h"
 
 namespace sluice::agent {
 
@@ -18,7 +18,7 @@ struct DaemonArgs {
 };
 
 /// Parses argv without argv[0]; errors are one-line usage errors. @p env
-/// gives NODE_NAME and KUBERNETES_SERVICE_HOST (kube_options.h).
+/// gives NODE_NAME and KUBERNETES_SERVICE_HOST (kube/options.h).
 Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env = processEnv);
 std::string daemonUsage();
 

@@ -10,8 +10,8 @@
 #include <sstream>
 
 #include "base/pod_types.h"
-#include "userspace/agent/client.h"
-#include "userspace/agent/logging.h"
+#include "userspace/api/client.h"
+#include "userspace/api/logging.h"
 #include "userspace/cni/install.h"
 
 namespace sluice::cni {

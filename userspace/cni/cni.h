@@ -18,14 +18,9 @@
 
 #include "base/result.h"
 #include "base/tc_mode.h"
+#include "userspace/cni/plugin.h"
 
 namespace sluice::cni {
-
-/// The plugin's `type` in a conflist, and its binary's name.
-inline constexpr const char* kPluginType = "sluice-cni";
-
-/// The spec version this plugin implements (and answers VERSION with).
-inline constexpr const char* kSpecVersion = "1.0.0";
 
 /// cniVersions accepted in network configs. 0.3.x / 0.4.0 results carry the
 /// same `ips` / `interfaces` that sluice-cni reads; CHECK needs 0.4.0+.

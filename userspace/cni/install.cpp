@@ -10,7 +10,7 @@
 #include <sstream>
 
 #include "base/fd.h"
-#include "userspace/cni/cni.h"
+#include "userspace/cni/plugin.h"
 
 namespace sluice::cni {
 

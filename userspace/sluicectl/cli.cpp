@@ -14,7 +14,7 @@
 #include <ostream>
 #include <sstream>
 
-#include "userspace/agent/client.h"
+#include "userspace/api/client.h"
 
 namespace sluice::cli {
 
@@ -83,6 +83,40 @@ the node proxy (it refuses a pod without a uid).
 )";
 }
 
+namespace {
+
+// One global option (before the command) and its value.
+Status parseGlobalOption(Command& cmd, const std::string& flag, const std::string& v) {
+  if (flag == "--bpffs") {
+    if (v.empty() || v[0] != '/') return usageError("--bpffs needs an absolute path");
+    cmd.bpffsRoot = v;
+  } else if (flag == "--socket") {
+    if (v.empty() || v[0] != '/') return usageError("--socket needs an absolute path");
+    cmd.socketPath = v;
+    cmd.socketGiven = true;
+  } else if (flag == "--tc-mode") {
+    auto m = parseTcMode(v);
+    SLUICE_TRY(m);
+    cmd.tcMode = *m;
+  } else if (flag == "--capture") {
+    auto m = parseCaptureMode(v);
+    SLUICE_TRY(m);
+    cmd.capture = *m;
+  } else if (flag == "--cgroup") {
+    if (v.empty() || v[0] != '/') return usageError("--cgroup needs an absolute path");
+    cmd.cgroupPath = v;
+  } else if (flag == "--log-level") {
+    if (spdlog::level::from_str(v) == spdlog::level::off && v != "off")
+      return usageError("invalid --log-level '" + v + "'");
+    cmd.logLevel = v;
+  } else {
+    return usageError("unknown option " + flag);
+  }
+  return {};
+}
+
+}  // namespace
+
 Result<Command> parse(const std::vector<std::string>& argv) {
   Command cmd;
   Args a{argv};
@@ -95,31 +129,7 @@ Result<Command> parse(const std::vector<std::string>& argv) {
     }
     auto v = a.value(flag);
     SLUICE_TRY(v);
-    if (flag == "--bpffs") {
-      if (v->empty() || (*v)[0] != '/') return usageError("--bpffs needs an absolute path");
-      cmd.bpffsRoot = *v;
-    } else if (flag == "--socket") {
-      if (v->empty() || (*v)[0] != '/') return usageError("--socket needs an absolute path");
-      cmd.socketPath = *v;
-      cmd.socketGiven = true;
-    } else if (flag == "--tc-mode") {
-      auto m = parseTcMode(*v);
-      SLUICE_TRY(m);
-      cmd.tcMode = *m;
-    } else if (flag == "--capture") {
-      auto m = parseCaptureMode(*v);
-      SLUICE_TRY(m);
-      cmd.capture = *m;
-    } else if (flag == "--cgroup") {
-      if (v->empty() || (*v)[0] != '/') return usageError("--cgroup needs an absolute path");
-      cmd.cgroupPath = *v;
-    } else if (flag == "--log-level") {
-      if (spdlog::level::from_str(*v) == spdlog::level::off && *v != "off")
-        return usageError("invalid --log-level '" + *v + "'");
-      cmd.logLevel = *v;
-    } else {
-      return usageError("unknown option " + flag);
-    }
+    SLUICE_TRY(parseGlobalOption(cmd, flag, *v));
   }
   if (a.done()) return usageError("no command given");
   std::string noun = argv[a.i++];

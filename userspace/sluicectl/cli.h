@@ -12,7 +12,7 @@
 #include "loader/features.h"
 #include "loader/pod_guard.h"
 #include "base/result.h"
-#include "userspace/agent/protocol.h"
+#include "userspace/api/protocol.h"
 #include "userspace/sluicectl/net_raw.h"
 
 namespace sluice::cli {

@@ -230,6 +230,46 @@ Result<NetnsLocation> Controller::locateNetns(const Pod& pod) {
   return loc;
 }
 
+// An enrolled pod the watch no longer has: removed, unless it only was not
+// seen yet or the node's pod list is empty (a wrong node name).
+bool Controller::reconcileGone(const std::string& uid) {
+  {
+    // Enrolled by the CNI path from a direct GET while the watch had not
+    // delivered the pod: not gone, only not seen yet. Kept for a while
+    // (the sweep's resync looks again); gone if the watch never shows it.
+    std::lock_guard lock(mu_);
+    auto it = unwatched_.find(uid);
+    if (it != unwatched_.end() && std::chrono::steady_clock::now() - it->second < kUnwatchedGrace) {
+      spdlog::debug("kube: pod {}: enrolled from the API server, not in the watch cache yet; kept", uid);
+      return true;
+    }
+    if (it != unwatched_.end()) unwatched_.erase(it);
+  }
+  if (pods_->size() == 0) {
+    // The agent's own pod runs on this node: an empty list is a wrong
+    // node name (or a cluster without this node), not a node whose pods
+    // all went away. Removing every pod on that evidence would be wrong.
+    std::lock_guard lock(mu_);
+    if (!warnedEmptyNode_)
+      spdlog::warn("kube: no pod at all is on node {} (the agent's own should be): check --node-name; enrolled pods "
+                   "are kept",
+                   options_.nodeName);
+    warnedEmptyNode_ = true;
+    return true;
+  }
+  auto s = callbacks_.unenroll(uid);
+  std::lock_guard lock(mu_);
+  if (!s) {
+    ++counters_.unenrollFailures;
+    retryWarn(uid, fmt::format("kube: pod {} is gone; removing it failed (will retry): {}", uid, s.error().message));
+    return false;
+  }
+  ++counters_.unenrolls;
+  enrolled_.erase(uid);
+  spdlog::info("kube: removed pod {}: it is gone from the API", uid);
+  return true;
+}
+
 bool Controller::reconcile(const std::string& uid) {
   std::optional<State> state;
   {
@@ -237,44 +277,7 @@ bool Controller::reconcile(const std::string& uid) {
     if (auto it = enrolled_.find(uid); it != enrolled_.end()) state = it->second;
   }
   auto pod = pods_->get(uid);
-  if (!pod) {
-    if (!state) return true;
-    {
-      // Enrolled by the CNI path from a direct GET while the watch had not
-      // delivered the pod: not gone, only not seen yet. Kept for a while
-      // (the sweep's resync looks again); gone if the watch never shows it.
-      std::lock_guard lock(mu_);
-      auto it = unwatched_.find(uid);
-      if (it != unwatched_.end() && std::chrono::steady_clock::now() - it->second < kUnwatchedGrace) {
-        spdlog::debug("kube: pod {}: enrolled from the API server, not in the watch cache yet; kept", uid);
-        return true;
-      }
-      if (it != unwatched_.end()) unwatched_.erase(it);
-    }
-    if (pods_->size() == 0) {
-      // The agent's own pod runs on this node: an empty list is a wrong
-      // node name (or a cluster without this node), not a node whose pods
-      // all went away. Removing every pod on that evidence would be wrong.
-      std::lock_guard lock(mu_);
-      if (!warnedEmptyNode_)
-        spdlog::warn("kube: no pod at all is on node {} (the agent's own should be): check --node-name; enrolled pods "
-                     "are kept",
-                     options_.nodeName);
-      warnedEmptyNode_ = true;
-      return true;
-    }
-    auto s = callbacks_.unenroll(uid);
-    std::lock_guard lock(mu_);
-    if (!s) {
-      ++counters_.unenrollFailures;
-      retryWarn(uid, fmt::format("kube: pod {} is gone; removing it failed (will retry): {}", uid, s.error().message));
-      return false;
-    }
-    ++counters_.unenrolls;
-    enrolled_.erase(uid);
-    spdlog::info("kube: removed pod {}: it is gone from the API", uid);
-    return true;
-  }
+  if (!pod) return state ? reconcileGone(uid) : true;
 
   {
     std::lock_guard lock(mu_);

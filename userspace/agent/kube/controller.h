@@ -205,6 +205,8 @@ class Controller {
   void worker();
   /// One pass for one pod; false asks for a retry after a back-off.
   bool reconcile(const std::string& uid);
+  /// reconcile() of an enrolled pod that is gone from the watch cache.
+  bool reconcileGone(const std::string& uid);
   /// The status annotation of one pod (queue key kStatusKeyPrefix + UID).
   bool reconcileStatus(const std::string& uid);
   bool reconcileAnnotation(const Pod& pod, const std::optional<State>& state);

@@ -21,7 +21,6 @@
 #include <thread>
 #include <utility>
 
-#include "userspace/agent/metrics.h"
 #include "userspace/agent/zds/wire.h"
 
 namespace sluice::zds {
@@ -33,9 +32,6 @@ using namespace std::chrono_literals;
 // Istio's agent reads an idle connection this briefly: ztunnel never speaks
 // unasked, so a time-out means "alive".
 constexpr auto kIdleProbe = 10ms;
-
-constexpr std::array<const char*, 4> kTypes = {"add", "del", "keep", "snapshot_sent"};
-constexpr std::array<const char*, 4> kResults = {"ok", "error", "timeout", "no_connection"};
 
 /// Where a connection is in its life; only the connection's thread moves it.
 enum class ConnState {
@@ -83,16 +79,10 @@ std::string podName(const WorkloadInfo& w) {
 
 std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
-// 50 µs .. 5 s (the default ack deadline): an ack from a local ztunnel comes
-// in well under a millisecond; the upper buckets show a struggling one.
-std::vector<double> ackBounds() {
-  return {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
-}
-
 }  // namespace
 
 struct Server::Impl {
-  explicit Impl(ServerOptions o) : options(std::move(o)), ackLatency(ackBounds()) {}
+  explicit Impl(ServerOptions o) : options(std::move(o)) {}
 
   ServerOptions options;
   Fd listenFd;
@@ -113,10 +103,6 @@ struct Server::Impl {
   std::deque<std::pair<std::string, std::string>> notes;
   std::condition_variable notesCv;
   bool notifierStop = false;
-
-  mutable std::mutex metricsMu;
-  std::map<std::pair<std::string, std::string>, uint64_t> requests;
-  agent::Histogram ackLatency;
 
   Status listen();
   void acceptLoop();
@@ -429,10 +415,7 @@ Outcome Server::Impl::exchange(Conn& conn, const Request& request, int netnsFd, 
   auto ackText = decodeAck(ack->bytes);
   if (!ackText) return fail(Outcome::Protocol, "protocol error: " + ackText.error().message);
   text = *ackText;
-  {
-    std::lock_guard lock(metricsMu);
-    ackLatency.observe(seconds);
-  }
+  if (options.observer) options.observer->acked(seconds);
   count(type, text.empty() ? "ok" : "error");
   if (text.empty()) {
     spdlog::info("zds: {} result=ok ack={:.3f}ms", what, seconds * 1000);
@@ -518,8 +501,7 @@ void Server::Impl::queueUnwaited(const std::vector<std::shared_ptr<Conn>>& conns
 }
 
 void Server::Impl::count(const std::string& type, const std::string& result) {
-  std::lock_guard lock(metricsMu);
-  requests[{type, result}]++;
+  if (options.observer) options.observer->request(type, result);
 }
 
 void Server::Impl::notifyLoop() {
@@ -720,30 +702,6 @@ std::vector<Peer> Server::peers() const {
     out.push_back(Peer{c->id, c->cred.pid, c->cred.uid, c->cred.gid, c->snapshotDone});
   }
   return out;
-}
-
-void Server::renderMetrics(std::string& out) const {
-  size_t connections;
-  {
-    std::lock_guard lock(impl_->mu);
-    connections = impl_->live.size();
-  }
-  agent::metricHeader(out, "sluice_ztunnel_connections", "gauge", "ztunnel connections on the ZDS socket (after their hello).");
-  out += "sluice_ztunnel_connections " + std::to_string(connections) + "\n";
-  std::lock_guard lock(impl_->metricsMu);
-  agent::metricHeader(out, "sluice_ztunnel_requests_total", "counter",
-                      "ZDS requests to ztunnel by type and result (error: error ack or broken connection).");
-  for (const char* type : kTypes) {
-    for (const char* result : kResults) {
-      auto it = impl_->requests.find({type, result});
-      uint64_t n = it == impl_->requests.end() ? 0 : it->second;
-      out += std::string("sluice_ztunnel_requests_total{type=\"") + type + "\",result=\"" + result + "\"} " +
-             std::to_string(n) + "\n";
-    }
-  }
-  agent::metricHeader(out, "sluice_ztunnel_ack_duration_seconds", "histogram",
-                      "Time from sending a ZDS request to its ack.");
-  impl_->ackLatency.render(out, "sluice_ztunnel_ack_duration_seconds");
 }
 
 const std::string& Server::socketPath() const { return impl_->options.socketPath; }

@@ -11,6 +11,7 @@
 
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -39,6 +40,24 @@ struct Peer {
   bool snapshotDone;  ///< SnapshotSent was acked
 };
 
+/// A request's type and its result, as Observer::request names them.
+inline constexpr std::array<const char*, 4> kRequestTypes = {"add", "del", "keep", "snapshot_sent"};
+inline constexpr std::array<const char*, 4> kRequestResults = {"ok", "error", "timeout", "no_connection"};
+
+/// What the server counts, told as it happens; whoever exports metrics (the
+/// agent) implements it, so the server knows nothing of their format. Called
+/// on the server's threads, several at once: implementations are
+/// thread-safe and never call back into the server.
+class Observer {
+ public:
+  virtual ~Observer() = default;
+  /// A request ended: @p type one of kRequestTypes, @p result one of
+  /// kRequestResults ("error": an error ack or a broken connection).
+  virtual void request(const std::string& type, const std::string& result) = 0;
+  /// An ack came @p seconds after its request was sent.
+  virtual void acked(double seconds) = 0;
+};
+
 /// How the server listens and what it asks its owner.
 struct ServerOptions {
   /// Removes a stale socket file first (refuses to remove anything that is
@@ -61,6 +80,9 @@ struct ServerOptions {
   /// record hand-off state. Runs on the server's notifier thread, in ack
   /// order, never while add()/del() wait for it; may take the owner's locks.
   std::function<void(const std::string& uid, const std::string& error)> onSnapshotAck;
+  /// Told every request's result and every ack's latency; borrowed, it
+  /// outlives the server. Null: nothing is counted.
+  Observer* observer = nullptr;
 };
 
 
@@ -104,12 +126,6 @@ class Server {
 
   /// The connections that said hello, newest last.
   std::vector<Peer> peers() const;
-
-  /// Prometheus text: sluice_ztunnel_connections (gauge),
-  /// sluice_ztunnel_requests_total{type=add|del|keep|snapshot_sent,
-  /// result=ok|error|timeout|no_connection}, sluice_ztunnel_ack_duration_seconds
-  /// (histogram).
-  void renderMetrics(std::string& out) const;
 
   /// The listening socket's path.
   const std::string& socketPath() const;

@@ -1,4 +1,4 @@
-#include "userspace/agent/protocol.h"
+#include "userspace/api/protocol.h"
 
 #include <arpa/inet.h>
 

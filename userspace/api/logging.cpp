@@ -1,4 +1,4 @@
-#include "userspace/agent/logging.h"
+#include "userspace/api/logging.h"
 
 #include <spdlog/pattern_formatter.h>
 #include <spdlog/sinks/basic_file_sink.h>

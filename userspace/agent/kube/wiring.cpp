@@ -1,9 +1,8 @@
-#include "userspace/agent/kube_wiring.h"
+#include "userspace/agent/kube/wiring.h"
 
 #include <spdlog/spdlog.h>
 
 #include "loader/netns.h"
-#include "userspace/agent/metrics.h"
 
 namespace sluice::agent {
 
@@ -218,40 +217,8 @@ std::vector<kube::EnrolledPod> KubeWiring::listEnrolled() {
   return out;
 }
 
-void KubeWiring::renderMetrics(std::string& out) const {
-  kube::ControllerStats s = controller_->stats();
-  auto gauge = [&](const char* name, const char* help, uint64_t v) {
-    metricHeader(out, name, "gauge", help);
-    out += std::string(name) + " " + std::to_string(v) + "\n";
-  };
-  auto counter = [&](const char* name, const char* help, std::initializer_list<std::pair<const char*, uint64_t>> rows) {
-    metricHeader(out, name, "counter", help);
-    for (const auto& [label, v] : rows) out += std::string(name) + label + " " + std::to_string(v) + "\n";
-  };
-  gauge("sluice_kube_synced", "1 once the pod and namespace caches listed and the start-up reconciliation ran.",
-        s.synced && s.reconciled ? 1 : 0);
-  gauge("sluice_kube_pods_enrolled", "Pods of this node the Kubernetes controller holds as enrolled.", s.enrolled);
-  gauge("sluice_kube_queue_depth", "Pods waiting for the controller (or for a retry).", s.queued);
-  counter("sluice_kube_dataplane_total", "The controller's changes to the data plane, by operation and result.",
-          {{"{op=\"enroll\",result=\"ok\"}", s.enrolls},
-           {"{op=\"enroll\",result=\"error\"}", s.enrollFailures},
-           {"{op=\"update\",result=\"ok\"}", s.updates},
-           {"{op=\"update\",result=\"error\"}", s.updateFailures},
-           {"{op=\"unenroll\",result=\"ok\"}", s.unenrolls},
-           {"{op=\"unenroll\",result=\"error\"}", s.unenrollFailures}});
-  counter("sluice_kube_netns_not_found_total", "Selected running pods whose network namespace was not found (retried).",
-          {{"", s.netnsNotFound}});
-  counter("sluice_kube_status_patches_total", "ambient.istio.io/redirection patches of pods/status, by result.",
-          {{"{result=\"ok\"}", s.patches}, {"{result=\"error\"}", s.patchFailures}});
-  counter("sluice_kube_cni_decisions_total", "The API's adds answered from Kubernetes, by answer.",
-          {{"{answer=\"enrolled\"}", cniEnrolled_.load()},
-           {"{answer=\"not_in_mesh\"}", cniNotInMesh_.load()},
-           {"{answer=\"error\"}", cniErrors_.load()},
-           {"{answer=\"no_identity\"}", cniByHand_.load()}});
-  counter("sluice_kube_direct_lookups_total", "Pods the CNI path asked the API server for (not yet in the watch cache).",
-          {{"", s.directLookups}});
-  counter("sluice_kube_watch_errors_total", "Failed list/watch attempts, by resource.",
-          {{"{resource=\"pods\"}", s.pods.errors}, {"{resource=\"namespaces\"}", s.namespaces.errors}});
+KubeCounters KubeWiring::counters() const {
+  return {controller_->stats(), cniEnrolled_.load(), cniNotInMesh_.load(), cniErrors_.load(), cniByHand_.load()};
 }
 
 }  // namespace sluice::agent

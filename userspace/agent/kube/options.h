@@ -1,6 +1,6 @@
 // sluiced's Kubernetes options: where the API is (in-cluster, explicit, or
 // off), the node, and the knobs of Istio's rules that istio-cni exposes.
-// Pure and unit-tested; the agent wires them in through kube_wiring.h.
+// Pure and unit-tested; the agent wires them in through kube/wiring.h.
 #pragma once
 
 #include <functional>

@@ -1,4 +1,4 @@
-#include "userspace/agent/client.h"
+#include "userspace/api/client.h"
 
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,4 +1,4 @@
-#include "userspace/agent/kube_options.h"
+#include "userspace/agent/kube/options.h"
 
 #include <algorithm>
 #include <cstdlib>

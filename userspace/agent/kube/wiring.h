@@ -26,8 +26,8 @@
 #include "enroll/datapath.h"
 #include "userspace/agent/kube/client.h"
 #include "userspace/agent/kube/controller.h"
-#include "userspace/agent/kube_options.h"
-#include "userspace/agent/protocol.h"
+#include "userspace/agent/kube/options.h"
+#include "userspace/api/protocol.h"
 
 namespace sluice::agent {
 
@@ -48,6 +48,13 @@ struct AgentDataplane {
 /// The registry id of a running pod the controller enrolls ("k8s-" + uid);
 /// the CNI path uses the runtime's container id instead.
 std::string livePodId(const std::string& uid);
+
+/// What the Kubernetes side counts, for the agent's metrics.
+struct KubeCounters {
+  kube::ControllerStats controller;
+  /// The API's adds answered from Kubernetes, by answer.
+  uint64_t cniEnrolled = 0, cniNotInMesh = 0, cniErrors = 0, cniByHand = 0;
+};
 
 class KubeWiring {
  public:
@@ -81,8 +88,8 @@ class KubeWiring {
   /// The API the agent talks to ("in cluster" or the URL).
   std::string apiDescription() const;
 
-  /// sluice_kube_* metrics.
-  void renderMetrics(std::string& out) const;
+  /// The counters the agent exports as sluice_kube_* metrics.
+  KubeCounters counters() const;
 
  private:
   explicit KubeWiring(KubeOptions options) : options_(std::move(options)) {}

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "base/pod_types.h"
-#include "loader/pod_stats.h"
+#include "base/pod_stats.h"
 #include "base/result.h"
 
 namespace sluice::agent {

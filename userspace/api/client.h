@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "base/fd.h"
-#include "userspace/agent/protocol.h"
+#include "userspace/api/protocol.h"
 
 namespace sluice::agent {
 
