@@ -1,4 +1,4 @@
-#include "userspace/standin/standin.h"
+#include "test/standin/standin.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
