@@ -42,11 +42,10 @@ struct HostFamily {
   const Family& f;
   const char* tag;
   const char* node;   // the node's address on the pod's host-side veth
-  const char* node2;  // another node address (on the uplink to the remote netns)
-  int prefix;
+  const char* node2;  // another node address (a second prober's)
 };
-const HostFamily kH4{kV4, "v4", "10.1.0.1", "10.2.0.1", 24};
-const HostFamily kH6{kV6, "v6", "fd00:1::1", "fd00:2::1", 64};
+const HostFamily kH4{kV4, "v4", "10.1.0.1", "10.2.0.1"};
+const HostFamily kH6{kV6, "v6", "fd00:1::1", "fd00:2::1"};
 const HostFamily* const kHostFamilies[] = {&kH4, &kH6};
 
 // ------------------------------------------------------------ test-run table
