@@ -24,7 +24,7 @@
 #include "loader/sysctl.h"
 #include "loader/tc.h"
 #include "test/common/agent_process.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 namespace sluice::bench {
 

@@ -15,7 +15,7 @@
 #include "test/common/cgroup_pod.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 namespace sluice::bench {
 

@@ -1,8 +1,16 @@
 #include "test/common/probe_topology.h"
 
+#include <linux/ethtool.h>
+#include <linux/sockios.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
+
+#include "base/fd.h"
 
 namespace sluice::test {
 
@@ -33,6 +41,22 @@ Status script(const std::vector<Step>& steps) {
   auto r = sh(s);
   if (r.exitCode != 0) return Error::msg("setting up the probe topology failed: " + r.describe() + "\nscript:\n" + s);
   return {};
+}
+
+/// ETHTOOL_STXCSUM off on @p dev in @p ns.
+Status txChecksumOffIn(const TestNetns& ns, const std::string& dev) {
+  return ns.run([&]() -> Status {
+    Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+    if (!s.valid()) return Error::fromErrno(errno, "socket");
+    struct ethtool_value ev {};
+    ev.cmd = ETHTOOL_STXCSUM;
+    struct ifreq ifr {};
+    std::strncpy(ifr.ifr_name, dev.c_str(), IFNAMSIZ - 1);
+    ifr.ifr_data = reinterpret_cast<char*>(&ev);
+    if (::ioctl(s.get(), SIOCETHTOOL, &ifr) != 0)
+      return Error::fromErrno(errno, "tx checksum offload off on " + dev + " in " + ns.name());
+    return {};
+  });
 }
 
 Status setAll(const TestNetns& ns, const std::vector<std::pair<std::string, std::string>>& kv) {
@@ -179,6 +203,11 @@ Result<ProbePod*> ProbeTopology::addPod() {
   }
   pods_.push_back(std::move(pod));
   return pods_.back().get();
+}
+
+Status ProbeTopology::txChecksumOff(const ProbePod& pod) {
+  SLUICE_TRY(txChecksumOffIn(node_, pod.hostIface));
+  return txChecksumOffIn(*pod.ns, "eth0");
 }
 
 }  // namespace sluice::test

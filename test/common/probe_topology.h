@@ -94,6 +94,13 @@ class ProbeTopology {
   Result<ProbePod*> addPod();
   std::vector<std::unique_ptr<ProbePod>>& pods() { return pods_; }
 
+  /// Transmit checksum offload off on both ends of @p pod's veth (on by
+  /// default): every packet then carries a complete checksum, which the
+  /// receiver verifies in software, so a wrong fix-up by the node programs
+  /// (for the node's CHECKSUM_PARTIAL skbs or the pod's complete ones)
+  /// breaks the connection instead of going unnoticed.
+  Status txChecksumOff(const ProbePod& pod);
+
   static std::string nodeAddr(int family) { return family == AF_INET ? kNodeV4 : kNodeV6; }
   static std::string node2Addr(int family) { return family == AF_INET ? kNode2V4 : kNode2V6; }
   static std::string remoteAddr(int family) { return family == AF_INET ? kRemoteV4 : kRemoteV6; }

@@ -38,8 +38,8 @@
 #include "base/fd.h"
 #include "base/result.h"
 #include "loader/tc.h"
-#include "userspace/standin/node_proxy.h"
-#include "userspace/standin/standin.h"
+#include "test/standin/node_proxy.h"
+#include "test/standin/standin.h"
 
 namespace sluice::test {
 

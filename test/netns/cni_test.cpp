@@ -51,7 +51,7 @@
 #include "test/common/zds_peers.h"
 #include "userspace/api/client.h"
 #include "userspace/cni/cni.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 namespace sluice::test {
 namespace {

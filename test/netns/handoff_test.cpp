@@ -37,7 +37,7 @@
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
 #include "userspace/agent/zds/wire.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 #include "userspace/sluicectl/cli.h"
 
 namespace sluice::test {

@@ -33,7 +33,7 @@
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 namespace sluice::test {
 namespace {

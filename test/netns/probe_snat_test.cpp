@@ -47,10 +47,12 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -170,6 +172,25 @@ std::vector<ProxyEvent> eventsOf(const ProxyStandIn* p, const std::string& liste
   for (const auto& e : p->events())
     if (e.listener == listener) out.push_back(e);
   return out;
+}
+
+/// Reads until the peer's FIN (nothing else may come first).
+Status readEof(int fd) {
+  auto got = readSome(fd, 1);
+  SLUICE_TRY(got);
+  if (!got->empty()) return Error::msg("data instead of EOF");
+  return {};
+}
+
+/// @p from sends @p text, @p to must receive exactly it.
+Status carries(int from, int to, const std::string& text) {
+  if (::send(from, text.data(), text.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(text.size()))
+    return Error::fromErrno(errno, "send");
+  auto got = readSome(to, text.size());
+  SLUICE_TRY(got);
+  if (*got != text) return Error::msg("received " + std::to_string(got->size()) + " bytes, not the " +
+                                      std::to_string(text.size()) + " sent");
+  return {};
 }
 
 /// Everything one test needs, destroyed in the safe order: stand-ins and
@@ -296,7 +317,10 @@ class ProbeSnat : public ::testing::TestWithParam<Param> {
     Status st = env_->open();
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
-  void TearDown() override { env_.reset(); }
+  void TearDown() override {
+    probe_ = {};
+    env_.reset();
+  }
 
   TcMode mode() const { return std::get<0>(GetParam()); }
   CniKind kind() const { return std::get<1>(GetParam()); }
@@ -306,9 +330,10 @@ class ProbeSnat : public ::testing::TestWithParam<Param> {
   std::string probeIp() const { return ProbeTopology::probeAddr(family()); }
   const std::string& podId() const { return pod_->ns->name(); }
 
-  /// Enrolls the pod and starts its stand-in and app.
-  void enrollWithProxyAndApp() {
-    auto info = env_->enroll(*pod_);
+  /// Enrolls the pod (as @p spec says, by default specFor) and starts its
+  /// stand-in and app.
+  void enrollWithProxyAndApp(const std::optional<PodSpec>& spec = std::nullopt) {
+    auto info = env_->enroll(spec ? *spec : env_->specFor(*pod_));
     ASSERT_TRUE(info.ok()) << info.error().message;
     EXPECT_EQ(info->hostIface, pod_->hostIface);
     auto proxy = env_->startProxy(*pod_);
@@ -317,6 +342,71 @@ class ProbeSnat : public ::testing::TestWithParam<Param> {
     auto app = env_->startApp(*pod_, family());
     ASSERT_TRUE(app.ok()) << app.error().message;
     app_ = *app;
+  }
+
+  /// The close-order tests' start: the pod enrolled with its stand-in and
+  /// app, transmit checksum offload off on its veth
+  /// (ProbeTopology::txChecksumOff: the translated packets' checksums are
+  /// verified in software), and one probe to the test's own listener
+  /// (ownProbe) in probe_.
+  void openProbeWithSoftwareChecksums() {
+    enrollWithProxyAndApp();
+    if (HasFatalFailure()) return;
+    Status st = env_->topo().txChecksumOff(*pod_);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+    auto p = ownProbe(8082);
+    ASSERT_TRUE(p.ok()) << p.error().message << snatState();
+    probe_ = std::move(*p);
+  }
+
+  /// One probe from the node's own address to a listener of the test's in
+  /// the pod (the app is an echo server; here the test decides who closes
+  /// first). The pod must see the probe address with the prober's own port,
+  /// and snat_rev hold the connection's one element, keyed by the reply's
+  /// tuple and naming the prober and the pod's netns.
+  struct OwnProbe {
+    Fd listener, prober, pod;
+  };
+  Result<OwnProbe> ownProbe(uint16_t port) {
+    OwnProbe p;
+    auto listener = socketIn(*pod_->ns, family(), SOCK_STREAM);
+    SLUICE_TRY(listener);
+    p.listener = std::move(*listener);
+    Endpoint any = Endpoint::any(family(), port);
+    if (::bind(p.listener.get(), any.raw(), any.len) != 0) return Error::fromErrno(errno, "bind " + any.str());
+    if (::listen(p.listener.get(), 4) != 0) return Error::fromErrno(errno, "listen");
+    auto prober = tcpConnect(env_->node(), Endpoint::of(podIp(), port));
+    SLUICE_TRY(prober);
+    p.prober = std::move(*prober);
+    p.pod = Fd(::accept4(p.listener.get(), nullptr, nullptr, SOCK_CLOEXEC));  // SO_RCVTIMEO bounds it
+    if (!p.pod.valid()) return Error::fromErrno(errno, "accept");
+    timeval tv{2, 0};
+    ::setsockopt(p.pod.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+
+    const Endpoint self = localOf(p.prober.get());
+    EXPECT_EQ(peerOf(p.pod.get()).str(), Endpoint::of(probeIp(), self.port()).str())
+        << "the pod sees the probe address and the prober's own port";
+    EXPECT_EQ(peerOf(p.prober.get()).str(), Endpoint::of(podIp(), port).str()) << "an ordinary connection";
+    auto cookie = pod_->ns->cookie();
+    SLUICE_TRY(cookie);
+    const std::string want = "\n  " + podIp() + ":" + std::to_string(port) + " -> " + probeIp() + ":" +
+                             std::to_string(self.port()) + " => " + self.ip() + ":" + std::to_string(self.port()) +
+                             " flags=0 cookie=" + std::to_string(*cookie);
+    EXPECT_EQ(dumpSnat(env_->maps().snatRev), want) << snatState();
+    return p;
+  }
+
+  /// @p first closes (its FIN), @p second reads the EOF and closes in turn,
+  /// @p first reads that EOF; then no element is left.
+  void closeFirst(Fd& first, Fd& second) {
+    ASSERT_EQ(::shutdown(first.get(), SHUT_WR), 0) << std::strerror(errno);
+    Status st = readEof(second.get());
+    EXPECT_TRUE(st.ok()) << "waiting for the first FIN: " << st.error().message << snatState();
+    second.reset();
+    st = readEof(first.get());
+    EXPECT_TRUE(st.ok()) << "waiting for the second FIN: " << st.error().message << snatState();
+    EXPECT_TRUE(eventually([&] { return env_->maps().snatRev.keys().empty(); }, kIoTimeout))
+        << "left after the close:" << snatState();
   }
 
   std::string snatState() {
@@ -328,6 +418,7 @@ class ProbeSnat : public ::testing::TestWithParam<Param> {
   ProbePod* pod_ = nullptr;
   ProxyStandIn* proxy_ = nullptr;
   TcpServer* app_ = nullptr;
+  OwnProbe probe_;  ///< openProbeWithSoftwareChecksums
 };
 
 // Rule 10: a socket of the node (the kubelet's probe) reaches the app
@@ -357,6 +448,7 @@ TEST_P(ProbeSnat, Rule10NodeProbeReachesAppFromProbeAddress) {
   auto peers = app_->peers();
   ASSERT_EQ(peers.size(), 1u);
   EXPECT_EQ(peers[0].ip(), probeIp()) << "prober's own address " << localOf(c->get()).str() << snatState();
+  EXPECT_EQ(peers[0].port(), localOf(c->get()).port()) << "the probe keeps the prober's port";
   // While the connection is open, its translation is in the maps.
   EXPECT_EQ(env_->maps().snatRev.keys().size(), 1u) << "one element per connection" << snatState();
   // Delivered to the app directly: the proxy saw nothing.
@@ -420,6 +512,15 @@ TEST_P(ProbeSnat, Rule11ForwardedRemoteTrafficIsCapturedNotTranslated) {
   EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
   EXPECT_EQ(env_->stats(podId()).probe_conns, 0u);
   EXPECT_EQ(env_->stats(podId()).inbound_conns, 1u);
+
+  // A node probe while the forwarded connection is open is still translated.
+  auto probe = tcpConnect(env_->node(), appEp());
+  ASSERT_TRUE(probe.ok()) << probe.error().message << snatState();
+  ASSERT_TRUE(echoRoundTrip(probe->get(), "probe").ok()) << snatState();
+  ASSERT_TRUE(app_->waitForAccepts(2, kIoTimeout));
+  EXPECT_EQ(app_->peers()[1].ip(), probeIp());
+  EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
+  EXPECT_EQ(echoOrError(c->get(), "still"), "still") << "the forwarded connection after the probe";
 }
 
 // Rule 11, "another pod's traffic": a second (not enrolled) pod on the same
@@ -641,29 +742,18 @@ TEST_P(ProbeSnat, TenThousandProbesLeaveNoSnatState) {
 TEST_P(ProbeSnat, KernelAnswerWithoutSocketIsTranslated) {
   enrollWithProxyAndApp();
   if (HasFatalFailure()) return;
-  constexpr uint16_t kPort = 8081;
-  auto listener = socketIn(*pod_->ns, family(), SOCK_STREAM);
-  ASSERT_TRUE(listener.ok()) << listener.error().message;
-  Endpoint any = Endpoint::any(family(), kPort);
-  ASSERT_EQ(::bind(listener->get(), any.raw(), any.len), 0) << std::strerror(errno);
-  ASSERT_EQ(::listen(listener->get(), 4), 0) << std::strerror(errno);
-  auto prober = tcpConnect(env_->node(), Endpoint::of(podIp(), kPort));
-  ASSERT_TRUE(prober.ok()) << prober.error().message << snatState();
-  Fd accepted(::accept4(listener->get(), nullptr, nullptr, SOCK_CLOEXEC));  // SO_RCVTIMEO bounds it
-  ASSERT_TRUE(accepted.valid()) << std::strerror(errno);
-  timeval tv{2, 0};
-  ::setsockopt(accepted.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
-  EXPECT_EQ(peerOf(accepted.get()).ip(), probeIp());
+  auto p = ownProbe(8081);
+  ASSERT_TRUE(p.ok()) << p.error().message << snatState();
   ASSERT_EQ(env_->maps().snatRev.keys().size(), 1u) << snatState();
 
   int one = 1;
-  ASSERT_EQ(::setsockopt(prober->get(), IPPROTO_TCP, TCP_REPAIR, &one, sizeof(one)), 0) << std::strerror(errno);
-  prober->reset();  // closed in repair mode: no FIN, no RST
+  ASSERT_EQ(::setsockopt(p->prober.get(), IPPROTO_TCP, TCP_REPAIR, &one, sizeof(one)), 0) << std::strerror(errno);
+  p->prober.reset();  // closed in repair mode: no FIN, no RST
 
-  ASSERT_EQ(::send(accepted.get(), "x", 1, MSG_NOSIGNAL), 1) << std::strerror(errno);
+  ASSERT_EQ(::send(p->pod.get(), "x", 1, MSG_NOSIGNAL), 1) << std::strerror(errno);
   char b;
   errno = 0;
-  ssize_t n = ::recv(accepted.get(), &b, 1, 0);
+  ssize_t n = ::recv(p->pod.get(), &b, 1, 0);
   int err = errno;
   EXPECT_EQ(n, -1);
   EXPECT_EQ(err, ECONNRESET) << "the pod's socket was not reset (" << std::strerror(err)
@@ -813,6 +903,65 @@ TEST_P(ProbeSnat, ProbeToClosedPortIsRefusedAndLeavesNoState) {
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
   EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
+}
+
+// One probe, the prober closing first, with the veth's checksums verified
+// in software (checksum offload off): data both ways (many segments from the
+// pod), both FINs translated, and the element gone with the close.
+TEST_P(ProbeSnat, ProberClosingFirstLeavesNothing) {
+  openProbeWithSoftwareChecksums();
+  if (HasFatalFailure()) return;
+  Status st = carries(probe_.prober.get(), probe_.pod.get(), "GET /healthz HTTP/1.1\r\n\r\n");
+  EXPECT_TRUE(st.ok()) << "prober -> pod: " << st.error().message << snatState();
+  st = carries(probe_.pod.get(), probe_.prober.get(), std::string(48 * 1024, 'x'));
+  EXPECT_TRUE(st.ok()) << "pod -> prober: " << st.error().message << snatState();
+  closeFirst(probe_.prober, probe_.pod);
+  EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
+}
+
+// The other close order (the app answers with Connection: close), with
+// software-verified checksums too: nothing is left either.
+TEST_P(ProbeSnat, PodClosingFirstLeavesNothing) {
+  openProbeWithSoftwareChecksums();
+  if (HasFatalFailure()) return;
+  Status st = carries(probe_.prober.get(), probe_.pod.get(), "GET /");
+  EXPECT_TRUE(st.ok()) << st.error().message << snatState();
+  closeFirst(probe_.pod, probe_.prober);
+}
+
+// A prober that aborts (RST, SO_LINGER 0): the pod sees the reset, so the
+// RST was translated, and the element goes with it.
+TEST_P(ProbeSnat, ProberResetLeavesNothing) {
+  openProbeWithSoftwareChecksums();
+  if (HasFatalFailure()) return;
+  struct linger lg {1, 0};
+  ASSERT_EQ(::setsockopt(probe_.prober.get(), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)), 0) << std::strerror(errno);
+  probe_.prober.reset();  // RST
+  auto got = readSome(probe_.pod.get(), 1);
+  ASSERT_FALSE(got.ok()) << "the pod read " << (got.ok() && got->empty() ? "EOF" : "data") << " instead of a reset";
+  EXPECT_EQ(got.error().code, ECONNRESET) << got.error().message;
+  EXPECT_TRUE(eventually([&] { return env_->maps().snatRev.keys().empty(); }, kIoTimeout))
+      << "left after the RST:" << snatState();
+}
+
+// Rule 10 near miss: the pod is enrolled with its address of the other
+// family only, so a node probe to this family's address passes host_egress
+// to an address that is not enrolled: not translated (the stand-in captures
+// it as plain inbound traffic from the prober's own address), nothing counted
+// or kept.
+TEST_P(ProbeSnat, Rule10ProbeToAnAddressNotEnrolledIsNotTranslated) {
+  PodSpec spec = env_->specFor(*pod_);
+  spec.ips = {pod_->ip(family() == AF_INET ? AF_INET6 : AF_INET)};
+  enrollWithProxyAndApp(spec);
+  if (HasFatalFailure()) return;
+  auto c = tcpConnect(env_->node(), appEp());
+  ASSERT_TRUE(c.ok()) << c.error().message << snatState();
+  auto echoed = echoRoundTrip(c->get(), "plain");
+  ASSERT_TRUE(echoed.ok()) << echoed.error().message << snatState();
+  ASSERT_TRUE(app_->waitForAccepts(1, kIoTimeout));
+  EXPECT_EQ(app_->peers()[0].ip(), localOf(c->get()).ip()) << "the app sees the prober's own address";
+  EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
+  EXPECT_EQ(env_->stats(podId()).probe_conns, 0u);
 }
 
 // A node connection opened before the pod was enrolled keeps its plain

@@ -1,4 +1,4 @@
-// Tests of the ztunnel stand-in (userspace/standin): real sockets in a fresh
+// Tests of the ztunnel stand-in (test/standin): real sockets in a fresh
 // network namespace per test, no data plane.
 //
 //   test netns (lo up: 127.0.0.1, ::1)
@@ -37,7 +37,7 @@
 #include <thread>
 #include <vector>
 
-#include "userspace/standin/standin.h"
+#include "test/standin/standin.h"
 
 extern char** environ;
 

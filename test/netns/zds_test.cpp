@@ -36,7 +36,7 @@
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
 #include "userspace/agent/zds/server.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 namespace sluice::test {
 namespace {

@@ -19,7 +19,7 @@
 #include "userspace/agent/zds/client.h"
 #include "userspace/agent/zds/server.h"
 #include "userspace/agent/zds/wire.h"
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 namespace sluice::zds {
 namespace {

@@ -1,4 +1,4 @@
-#include "userspace/standin/node_proxy.h"
+#include "test/standin/node_proxy.h"
 
 #include <pthread.h>
 #include <sys/stat.h>

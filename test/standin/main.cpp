@@ -14,8 +14,8 @@
 #include <optional>
 #include <string>
 
-#include "userspace/standin/node_proxy.h"
-#include "userspace/standin/standin.h"
+#include "test/standin/node_proxy.h"
+#include "test/standin/standin.h"
 
 namespace {
 

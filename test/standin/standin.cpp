@@ -1,4 +1,4 @@
-#include "userspace/standin/standin.h"
+#include "test/standin/standin.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -26,6 +26,8 @@
 #include <unordered_map>
 #include <utility>
 
+#include "base/fd.h"
+
 #ifndef IPV6_FREEBIND
 #define IPV6_FREEBIND 78
 #endif
@@ -41,34 +43,6 @@ constexpr size_t kRelayBufferSize = 64 * 1024;
 constexpr int kMaxRoundsPerEvent = 16;
 constexpr size_t kDnsTcpMaxPendingOut = 256 * 1024;
 constexpr uint64_t kWakeToken = ~uint64_t{0};
-
-/// Owns one file descriptor.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(Fd&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      reset();
-      fd_ = std::exchange(other.fd_, -1);
-    }
-    return *this;
-  }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-
-  int get() const { return fd_; }
-  bool valid() const { return fd_ >= 0; }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_ = -1;
-};
 
 // ---- Addresses -------------------------------------------------------------
 

@@ -24,7 +24,7 @@
 #include <vector>
 
 #include "base/result.h"
-#include "userspace/standin/standin.h"
+#include "test/standin/standin.h"
 
 namespace sluice {
 
