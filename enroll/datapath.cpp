@@ -134,7 +134,7 @@ PodContext Datapath::contextFor(const std::string& id, const sluice_pod_record& 
   c.settings = &options_.settings;
   c.root = options_.bpffsRoot;
   c.linkDir = podLinkDir(options_.bpffsRoot, id);
-  c.services.ensureNodeHooks = [this] { return ensureNodeHooksFor(); };
+  c.services.ensureNodeHooks = [this](bool full) { return ensureNodeHooksFor(full); };
   c.services.nodeCgroup = [this] { return nodeCgroup(); };
   c.services.staging = [this] { return stagingPrograms(); };
   c.services.reapStale = [this](const std::string& other, const sluice_pod_record& r, const std::string& held) {
@@ -273,12 +273,12 @@ void Datapath::ensurePodGuardFor() {
     spdlog::info("pod guard inactive: {}; apps holding CAP_NET_RAW can send frames past the proxy", guard->why);
 }
 
-Status Datapath::ensureNodeHooksFor() {
+Status Datapath::ensureNodeHooksFor(bool full) {
   auto cg = nodeCgroup();
   SLUICE_TRY(cg);
   auto id = cgroupIdOfPath(*cg);
   SLUICE_TRY(id);
-  if (nodeHooksChecked_ && nodeHooksChecked_->first == *cg && nodeHooksChecked_->second == *id &&
+  if (!full && nodeHooksChecked_ && nodeHooksChecked_->first == *cg && nodeHooksChecked_->second == *id &&
       nodeHooksComplete(options_.bpffsRoot, *programs_))
     return {};
   nodeHooksChecked_.reset();

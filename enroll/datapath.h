@@ -203,8 +203,9 @@ class Datapath {
   /// Socket mode, before a pod's steps: the node hooks in place at the
   /// node cgroup (ensureNodeHooks). Checked link by link the first time and
   /// whenever the cgroup changed; otherwise by nodeHooksComplete, with the
-  /// full check only when that finds something missing. The lock held.
-  Status ensureNodeHooksFor();
+  /// full check only when that finds something missing, or @p full. The
+  /// lock held.
+  Status ensureNodeHooksFor(bool full = false);
 
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;
