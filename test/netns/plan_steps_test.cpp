@@ -432,7 +432,8 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
     std::string s;
     for (const char* fam : {"-4", "-6"}) {
       s += ipOut(topo_.pod(), std::string(fam) + " rule show");
-      s += ipOut(topo_.pod(), std::string(fam) + " route show table all");
+      // sluice's table only: the kernel adds link-local routes whenever DAD ends.
+      s += ipOut(topo_.pod(), std::string(fam) + " route show table " + std::to_string(SLUICE_ROUTE_TABLE));
     }
     for (const TestNetns* ns : {&topo_.pod(), &topo_.node()}) {
       for (const char* dev : {"eth0", "eth1", "lo", "vethpod", "vethpod1"}) {
