@@ -19,8 +19,9 @@ namespace sluice {
 
 /// What the steps ask of the Datapath that runs them.
 struct DatapathServices {
-  /// Socket mode: the node-wide hooks in place (cached per process).
-  std::function<Status()> ensureNodeHooks;
+  /// Socket mode: the node-wide hooks in place (cached per process;
+  /// @p full: every link read back, as a repair needs, not the cache).
+  std::function<Status(bool full)> ensureNodeHooks;
   /// The cgroup the node hooks attach at.
   std::function<Result<std::string>()> nodeCgroup;
   /// A second instance of the programs, to move a tcx link to the front.

@@ -134,7 +134,7 @@ PodContext Datapath::contextFor(const std::string& id, const sluice_pod_record& 
   c.settings = &options_.settings;
   c.root = options_.bpffsRoot;
   c.linkDir = podLinkDir(options_.bpffsRoot, id);
-  c.services.ensureNodeHooks = [this] { return ensureNodeHooksFor(); };
+  c.services.ensureNodeHooks = [this](bool full) { return ensureNodeHooksFor(full); };
   c.services.nodeCgroup = [this] { return nodeCgroup(); };
   c.services.staging = [this] { return stagingPrograms(); };
   c.services.reapStale = [this](const std::string& other, const sluice_pod_record& r, const std::string& held) {
@@ -155,15 +155,13 @@ Result<std::string> Datapath::podIdForNetns(const std::string& netnsPath) {
   return Error::msg("netns " + netnsPath + " is not enrolled", ENOENT);
 }
 
-Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
-  std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
-  SLUICE_TRY(validateSpec(spec, id));
+Result<PreparedPod> Datapath::prepareLocked(const PodSpec& spec, const std::string& id, const Handoff* hook,
+                                            std::optional<sluice_pod_record>& existing, bool& alreadyEnrolled) {
+  alreadyEnrolled = false;
   auto ns = openNetns(spec.netnsPath);
   SLUICE_TRY(ns);
   auto ino = netnsInode(ns->get());
   SLUICE_TRY(ino);
-  auto lock = StateLock::acquire(options_.bpffsRoot);
-  SLUICE_TRY(lock);
   auto capture = resolveCapture(spec.capture.value_or(options_.capture));
   SLUICE_TRY(capture);
   const bool socket = *capture == CaptureMode::Socket;
@@ -173,10 +171,9 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
     SLUICE_TRY(f);
     mode = f->autoTcMode();
   }
-  ensurePodGuardFor();
   auto rec = recordFromSpec(spec, id, *ino, socket, mode);
   SLUICE_TRY(rec);
-  auto existing = programs_->pods.lookup(podKey(id));
+  existing = programs_->pods.lookup(podKey(id));
   if (existing) {
     // A pod whose netns is gone (no agent swept it) must not block its id.
     auto gone = recordedNetnsGone(*existing);
@@ -187,7 +184,8 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
     }
   }
 
-  PodContext c = contextFor(id, *rec);
+  PreparedPod out{contextFor(id, *rec), {}};
+  PodContext& c = out.context;
   c.handoff = hook;
   Result<Discovery> found = Error::msg("not run");
   SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
@@ -196,16 +194,43 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
     c.inPodNetns = false;
     return found.ok() ? Status() : Status(found.error());
   }));
-  if (found->alreadyEnrolled) return retryHandoff(id, *existing, hook);
+  alreadyEnrolled = found->alreadyEnrolled;
+  out.what.ipv6 = found->ipv6;
+  out.what.nodeSide = spec.nodeNetnsPath.has_value();
+  out.what.handoff = hook != nullptr;
+  return out;
+}
 
-  PlanFor what;
-  what.ipv6 = found->ipv6;
-  what.nodeSide = spec.nodeNetnsPath.has_value();
-  what.handoff = hook != nullptr;
-  SLUICE_TRY(applyPlan(planFor(c.rec, what), c));
+Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
+  std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
+  SLUICE_TRY(validateSpec(spec, id));
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  SLUICE_TRY(lock);
+  std::optional<sluice_pod_record> existing;
+  bool alreadyEnrolled = false;
+  auto prepared = prepareLocked(spec, id, hook, existing, alreadyEnrolled);
+  SLUICE_TRY(prepared);
+  ensurePodGuardFor();
+  if (alreadyEnrolled) return retryHandoff(id, *existing, hook);
+
+  PodContext& c = prepared->context;
+  SLUICE_TRY(applyPlan(planFor(c.rec, prepared->what), c));
   PodInfo info = podInfoFromRecord(id, c.rec);
-  logEnrolled(id, info, socket, c.rec.config.reroute_count);
+  logEnrolled(id, info, c.rec.capture == SLUICE_CAPTURE_SOCKET, c.rec.config.reroute_count);
   return info;
+}
+
+Result<PreparedPod> Datapath::preparePod(const PodSpec& spec, const Handoff* hook) {
+  std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
+  SLUICE_TRY(validateSpec(spec, id));
+  auto lock = StateLock::acquire(options_.bpffsRoot);
+  SLUICE_TRY(lock);
+  std::optional<sluice_pod_record> existing;
+  bool alreadyEnrolled = false;
+  auto prepared = prepareLocked(spec, id, hook, existing, alreadyEnrolled);
+  SLUICE_TRY(prepared);
+  if (alreadyEnrolled) return Error::msg("pod '" + id + "' is enrolled already", EEXIST);
+  return prepared;
 }
 
 Result<PodInfo> Datapath::retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook) {
@@ -248,12 +273,12 @@ void Datapath::ensurePodGuardFor() {
     spdlog::info("pod guard inactive: {}; apps holding CAP_NET_RAW can send frames past the proxy", guard->why);
 }
 
-Status Datapath::ensureNodeHooksFor() {
+Status Datapath::ensureNodeHooksFor(bool full) {
   auto cg = nodeCgroup();
   SLUICE_TRY(cg);
   auto id = cgroupIdOfPath(*cg);
   SLUICE_TRY(id);
-  if (nodeHooksChecked_ && nodeHooksChecked_->first == *cg && nodeHooksChecked_->second == *id &&
+  if (!full && nodeHooksChecked_ && nodeHooksChecked_->first == *cg && nodeHooksChecked_->second == *id &&
       nodeHooksComplete(options_.bpffsRoot, *programs_))
     return {};
   nodeHooksChecked_.reset();

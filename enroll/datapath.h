@@ -16,6 +16,7 @@
 #include "base/result.h"
 #include "base/tc_mode.h"
 #include "enroll/handoff.h"
+#include "enroll/plan.h"
 #include "enroll/proxy_identity.h"
 #include "enroll/registry.h"
 #include "enroll/runner.h"
@@ -65,6 +66,13 @@ struct CaptureSettings {
   std::vector<std::string> rerouteIfaces;
 };
 
+/// A pod's enrollment made ready but not run: the context its steps run
+/// with (filled in by discovery in its netns) and what its plan depends on.
+struct PreparedPod {
+  PodContext context;
+  PlanFor what;
+};
+
 /// One reconciliation sweep over every enrolled pod.
 struct ReconcileReport {
   size_t pods = 0;                   ///< enrolled before the sweep
@@ -90,6 +98,13 @@ class Datapath {
   /// retried hand-off; failing then leaves the enrollment in place, and is
   /// an error only when hook->failureIsFatal).
   Result<PodInfo> addPod(const PodSpec& spec, const Handoff* hook = nullptr);
+
+  /// What addPod does before it runs the pod's plan, and nothing after:
+  /// the spec checked, the pod's netns discovered into a context, what the
+  /// plan depends on (planFor(context.rec, what) is the plan addPod would
+  /// run). Nothing is applied. For tests that drive the steps one at a time
+  /// (test/netns/plan_steps_test.cpp). An id enrolled already: EEXIST.
+  Result<PreparedPod> preparePod(const PodSpec& spec, const Handoff* hook = nullptr);
 
   /// Changes an enrolled pod's capture settings in place, without a gap in
   /// capture: its pod_config entry (what the programs read) is replaced in
@@ -174,6 +189,11 @@ class Datapath {
   Result<LockedPod> lockedPod(const std::string& id);
   /// The context a pod's steps run with, from its record.
   PodContext contextFor(const std::string& id, const sluice_pod_record& rec);
+  /// addPod up to its plan, the state lock held: the pod @p spec names,
+  /// discovered; its record in the registry, if any, is left in
+  /// @p existing (alreadyEnrolled: with the same settings).
+  Result<PreparedPod> prepareLocked(const PodSpec& spec, const std::string& id, const Handoff* hook,
+                                    std::optional<sluice_pod_record>& existing, bool& alreadyEnrolled);
   /// The retried enrollment of a pod enrolled with the same settings: the
   /// hand-off again (a failure leaves the enrollment as it was).
   Result<PodInfo> retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook);
@@ -192,8 +212,9 @@ class Datapath {
   /// Socket mode, before a pod's steps: the node hooks in place at the
   /// node cgroup (ensureNodeHooks). Checked link by link the first time and
   /// whenever the cgroup changed; otherwise by nodeHooksComplete, with the
-  /// full check only when that finds something missing. The lock held.
-  Status ensureNodeHooksFor();
+  /// full check only when that finds something missing, or @p full. The
+  /// lock held.
+  Status ensureNodeHooksFor(bool full = false);
 
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;

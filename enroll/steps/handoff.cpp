@@ -25,7 +25,11 @@ class HandoffStep final : public Step {
     return {};
   }
   Status undo(PodContext& c) override {
-    if (c.handoff && c.handedOff && c.handoff->undo) c.handoff->undo(podInfoFromRecord(c.id, c.rec));
+    if (c.handoff && c.handedOff) {
+      if (c.handoff->undo) c.handoff->undo(podInfoFromRecord(c.id, c.rec));
+      // Taken back: the record no longer says the node proxy has the pod.
+      recordHandoff(c.rec, HandoffState::None, "");
+    }
     c.handedOff = false;
     return {};
   }
