@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "base/pod_stats.h"
 #include "enroll/context.h"
 #include "enroll/discover.h"
 #include "enroll/pins.h"
@@ -14,7 +15,6 @@
 #include "loader/cgroup.h"
 #include "loader/features.h"
 #include "loader/netns.h"
-#include "base/pod_stats.h"
 #include "loader/privileges.h"
 #include "loader/sock_hooks.h"
 
@@ -201,36 +201,35 @@ Result<PreparedPod> Datapath::prepareLocked(const PodSpec& spec, const std::stri
   return out;
 }
 
-Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
+Result<Datapath::Preparation> Datapath::prepare(const PodSpec& spec, const Handoff* hook) {
   std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
   SLUICE_TRY(validateSpec(spec, id));
   auto lock = StateLock::acquire(options_.bpffsRoot);
   SLUICE_TRY(lock);
   std::optional<sluice_pod_record> existing;
   bool alreadyEnrolled = false;
-  auto prepared = prepareLocked(spec, id, hook, existing, alreadyEnrolled);
-  SLUICE_TRY(prepared);
-  ensurePodGuardFor();
-  if (alreadyEnrolled) return retryHandoff(id, *existing, hook);
+  auto pod = prepareLocked(spec, id, hook, existing, alreadyEnrolled);
+  SLUICE_TRY(pod);
+  return Preparation{std::move(*lock), id, std::move(*pod), existing, alreadyEnrolled};
+}
 
-  PodContext& c = prepared->context;
-  SLUICE_TRY(applyPlan(planFor(c.rec, prepared->what), c));
-  PodInfo info = podInfoFromRecord(id, c.rec);
-  logEnrolled(id, info, c.rec.capture == SLUICE_CAPTURE_SOCKET, c.rec.config.reroute_count);
+Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
+  auto p = prepare(spec, hook);
+  SLUICE_TRY(p);
+  ensurePodGuardFor();
+  if (p->alreadyEnrolled) return retryHandoff(p->id, *p->existing, hook);
+  PodContext& c = p->pod.context;
+  SLUICE_TRY(applyPlan(planFor(c.rec, p->pod.what), c));
+  PodInfo info = podInfoFromRecord(p->id, c.rec);
+  logEnrolled(p->id, info, c.rec.capture == SLUICE_CAPTURE_SOCKET, c.rec.config.reroute_count);
   return info;
 }
 
 Result<PreparedPod> Datapath::preparePod(const PodSpec& spec, const Handoff* hook) {
-  std::string id = spec.id.empty() ? defaultPodId(spec.netnsPath) : spec.id;
-  SLUICE_TRY(validateSpec(spec, id));
-  auto lock = StateLock::acquire(options_.bpffsRoot);
-  SLUICE_TRY(lock);
-  std::optional<sluice_pod_record> existing;
-  bool alreadyEnrolled = false;
-  auto prepared = prepareLocked(spec, id, hook, existing, alreadyEnrolled);
-  SLUICE_TRY(prepared);
-  if (alreadyEnrolled) return Error::msg("pod '" + id + "' is enrolled already", EEXIST);
-  return prepared;
+  auto p = prepare(spec, hook);
+  SLUICE_TRY(p);
+  if (p->alreadyEnrolled) return Error::msg("pod '" + p->id + "' is enrolled already", EEXIST);
+  return std::move(p->pod);
 }
 
 Result<PodInfo> Datapath::retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook) {

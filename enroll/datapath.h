@@ -194,6 +194,16 @@ class Datapath {
   /// @p existing (alreadyEnrolled: with the same settings).
   Result<PreparedPod> prepareLocked(const PodSpec& spec, const std::string& id, const Handoff* hook,
                                     std::optional<sluice_pod_record>& existing, bool& alreadyEnrolled);
+  /// addPod and preparePod up to the plan: the spec checked, the state
+  /// lock taken, the pod discovered.
+  struct Preparation {
+    StateLock lock;
+    std::string id;
+    PreparedPod pod;
+    std::optional<sluice_pod_record> existing;
+    bool alreadyEnrolled = false;
+  };
+  Result<Preparation> prepare(const PodSpec& spec, const Handoff* hook);
   /// The retried enrollment of a pod enrolled with the same settings: the
   /// hand-off again (a failure leaves the enrollment as it was).
   Result<PodInfo> retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook);
