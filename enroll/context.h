@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "base/fd.h"
 #include "enroll/handoff.h"
 #include "enroll/settings.h"
 #include "loader/netlink.h"
@@ -48,6 +49,13 @@ struct PodContext {
   /// The hand-off step's supplier (add only).
   const Handoff* handoff = nullptr;
   bool handedOff = false;  ///< the hand-off was tried (undo takes it back)
+
+  /// The pod's netns as the enrollment opened it (its cookie read through
+  /// this fd by discovery): the runner enters it without opening the path
+  /// again or checking the cookie, as an open fd cannot name another netns.
+  /// Invalid outside an enrollment: the runner opens the recorded path and
+  /// checks the recorded cookie.
+  Fd heldPodNetns;
 
   // Provided by the runner inside the pod's netns.
   int podNetnsFd = -1;

@@ -195,6 +195,7 @@ Result<PreparedPod> Datapath::prepareLocked(const PodSpec& spec, const std::stri
     return found.ok() ? Status() : Status(found.error());
   }));
   alreadyEnrolled = found->alreadyEnrolled;
+  c.heldPodNetns = std::move(*ns);
   out.what.ipv6 = found->ipv6;
   out.what.nodeSide = spec.nodeNetnsPath.has_value();
   out.what.handoff = hook != nullptr;

@@ -19,16 +19,23 @@ namespace {
 std::optional<Status> inGroup(PodContext& c, Where where, const std::function<Status()>& fn) {
   if (where == Where::Host) return fn();
   const bool pod = where == Where::Pod;
-  std::string path = pod ? netnsPathOf(c.rec) : nodeNetnsPathOf(c.rec);
-  if (!pod && path.empty()) path = "/proc/self/ns/net";
-  const uint64_t want = pod ? c.rec.netns_cookie : c.rec.node_netns_cookie;
-  auto ns = openNetns(path);
-  if (!ns.ok()) {
-    if (ns.error().code == ENOENT) return std::nullopt;
-    return Error::msg((pod ? "" : "node ") + ns.error().message, ns.error().code);
+  uint64_t want = pod ? c.rec.netns_cookie : c.rec.node_netns_cookie;
+  Fd opened;
+  if (pod && c.heldPodNetns.valid()) {
+    want = 0;  // the fd discovery read the cookie through
+  } else {
+    std::string path = pod ? netnsPathOf(c.rec) : nodeNetnsPathOf(c.rec);
+    if (!pod && path.empty()) path = "/proc/self/ns/net";
+    auto ns = openNetns(path);
+    if (!ns.ok()) {
+      if (ns.error().code == ENOENT) return std::nullopt;
+      return Error::msg((pod ? "" : "node ") + ns.error().message, ns.error().code);
+    }
+    opened = std::move(*ns);
   }
+  const int nsfd = opened.valid() ? opened.get() : c.heldPodNetns.get();
   bool gone = false;
-  Status st = runInNetns(ns->get(), [&]() -> Status {
+  Status st = runInNetns(nsfd, [&]() -> Status {
     if (want) {
       auto cookie = currentNetnsCookie();
       SLUICE_TRY(cookie);
@@ -39,7 +46,7 @@ std::optional<Status> inGroup(PodContext& c, Where where, const std::function<St
     }
     if (!pod) return fn();
     c.inPodNetns = true;
-    c.podNetnsFd = ns->get();
+    c.podNetnsFd = nsfd;
     Status r = fn();
     c.inPodNetns = false;
     c.podNetnsFd = -1;
