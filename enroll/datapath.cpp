@@ -155,9 +155,9 @@ Result<std::string> Datapath::podIdForNetns(const std::string& netnsPath) {
   return Error::msg("netns " + netnsPath + " is not enrolled", ENOENT);
 }
 
-Result<PreparedPod> Datapath::prepareLocked(const PodSpec& spec, const std::string& id, const Handoff* hook,
-                                            std::optional<sluice_pod_record>& existing, bool& alreadyEnrolled) {
-  alreadyEnrolled = false;
+Status Datapath::prepareLocked(const PodSpec& spec, const Handoff* hook, Preparation& p) {
+  const std::string& id = p.id;
+  std::optional<sluice_pod_record>& existing = p.existing;
   auto ns = openNetns(spec.netnsPath);
   SLUICE_TRY(ns);
   auto ino = netnsInode(ns->get());
@@ -184,8 +184,8 @@ Result<PreparedPod> Datapath::prepareLocked(const PodSpec& spec, const std::stri
     }
   }
 
-  PreparedPod out{contextFor(id, *rec), {}};
-  PodContext& c = out.context;
+  p.pod.context = contextFor(id, *rec);
+  PodContext& c = p.pod.context;
   c.handoff = hook;
   Result<Discovery> found = Error::msg("not run");
   SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
@@ -194,12 +194,12 @@ Result<PreparedPod> Datapath::prepareLocked(const PodSpec& spec, const std::stri
     c.inPodNetns = false;
     return found.ok() ? Status() : Status(found.error());
   }));
-  alreadyEnrolled = found->alreadyEnrolled;
+  p.alreadyEnrolled = found->alreadyEnrolled;
   c.heldPodNetns = std::move(*ns);
-  out.what.ipv6 = found->ipv6;
-  out.what.nodeSide = spec.nodeNetnsPath.has_value();
-  out.what.handoff = hook != nullptr;
-  return out;
+  p.pod.what.ipv6 = found->ipv6;
+  p.pod.what.nodeSide = spec.nodeNetnsPath.has_value();
+  p.pod.what.handoff = hook != nullptr;
+  return {};
 }
 
 Result<Datapath::Preparation> Datapath::prepare(const PodSpec& spec, const Handoff* hook) {
@@ -207,11 +207,9 @@ Result<Datapath::Preparation> Datapath::prepare(const PodSpec& spec, const Hando
   SLUICE_TRY(validateSpec(spec, id));
   auto lock = StateLock::acquire(options_.bpffsRoot);
   SLUICE_TRY(lock);
-  std::optional<sluice_pod_record> existing;
-  bool alreadyEnrolled = false;
-  auto pod = prepareLocked(spec, id, hook, existing, alreadyEnrolled);
-  SLUICE_TRY(pod);
-  return Preparation{std::move(*lock), id, std::move(*pod), existing, alreadyEnrolled};
+  Preparation p{std::move(*lock), id, {}, {}, false};
+  SLUICE_TRY(prepareLocked(spec, hook, p));
+  return p;
 }
 
 Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {

@@ -189,11 +189,6 @@ class Datapath {
   Result<LockedPod> lockedPod(const std::string& id);
   /// The context a pod's steps run with, from its record.
   PodContext contextFor(const std::string& id, const sluice_pod_record& rec);
-  /// addPod up to its plan, the state lock held: the pod @p spec names,
-  /// discovered; its record in the registry, if any, is left in
-  /// @p existing (alreadyEnrolled: with the same settings).
-  Result<PreparedPod> prepareLocked(const PodSpec& spec, const std::string& id, const Handoff* hook,
-                                    std::optional<sluice_pod_record>& existing, bool& alreadyEnrolled);
   /// addPod and preparePod up to the plan: the spec checked, the state
   /// lock taken, the pod discovered.
   struct Preparation {
@@ -204,6 +199,10 @@ class Datapath {
     bool alreadyEnrolled = false;
   };
   Result<Preparation> prepare(const PodSpec& spec, const Handoff* hook);
+  /// addPod up to its plan, the state lock held (in @p p): the pod @p spec
+  /// names, discovered into p.pod; its record in the registry, if any, in
+  /// p.existing (p.alreadyEnrolled: with the same settings).
+  Status prepareLocked(const PodSpec& spec, const Handoff* hook, Preparation& p);
   /// The retried enrollment of a pod enrolled with the same settings: the
   /// hand-off again (a failure leaves the enrollment as it was).
   Result<PodInfo> retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook);
