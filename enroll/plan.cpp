@@ -48,13 +48,15 @@ void tcPod(Plan& plan, const sluice_pod_record& rec, const PlanFor& what) {
 }
 
 // Socket mode, in the pod's netns: the return path, tcp_fwmark_accept, the
-// pod's sk_lookup program, and a TC ingress hook on each virtual (reroute)
+// pod's sk_lookup program, the proxy's listeners it hands connections to
+// (those opened before the node's hooks saw them), and a TC ingress hook on each virtual (reroute)
 // interface (what arrives there is forwarded, never looked up as a local
 // socket's).
 void socketPod(Plan& plan, const sluice_pod_record& rec, const PlanFor& what) {
   returnPath(plan, what);
   plan.push_back(fwmarkAcceptStep());
   plan.push_back(skLookupStep());
+  plan.push_back(proxyListenersStep());
   for (uint32_t i = 0; i < rec.iface_count && i < SLUICE_MAX_POD_IFACES; i++)
     plan.push_back(tcHookStep({TcIface::PodIface, i}, TcHook::Ingress, &PodPrograms::ingressFd, true));
 }

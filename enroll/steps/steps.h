@@ -48,6 +48,10 @@ std::unique_ptr<Step> localRouteStep(int family);
 std::unique_ptr<Step> fwmarkAcceptStep();
 /// Socket mode: the pod's own sk_lookup program (rules 6-8).
 std::unique_ptr<Step> skLookupStep();
+/// Socket mode: the proxy's listeners already open in the pod's netns,
+/// registered where pod_sk_lookup finds them (pod_sockops sees only those
+/// opened after the node's hooks were attached).
+std::unique_ptr<Step> proxyListenersStep();
 
 // ---- in the node netns ----
 

@@ -54,6 +54,8 @@
 namespace sluice::test {
 namespace {
 
+constexpr uint32_t kProxyMark = SLUICE_DEFAULT_PROXY_MARK;
+
 // Debian bookworm's uapi headers predate tcx (Linux 6.6): the fixed ABI values.
 constexpr auto kTcxIngress = static_cast<enum bpf_attach_type>(46);
 constexpr auto kTcxEgress = static_cast<enum bpf_attach_type>(47);
@@ -71,6 +73,7 @@ enum class Kind {
   Route6,
   FwmarkAccept,
   SkLookup,
+  ProxyListeners,
   TcPodIngress,
   TcPodEgress,
   TcLoEgress,
@@ -111,6 +114,7 @@ std::vector<Row> expectedPlan(bool socket) {
   if (socket) {
     p.push_back({Kind::FwmarkAccept, "fwmark_accept", "net.ipv4.tcp_fwmark_accept"});
     p.push_back({Kind::SkLookup, "sk_lookup", "sk_lookup program in the pod's netns"});
+    p.push_back({Kind::ProxyListeners, "proxy_listeners", std::string("the proxy's listeners in ") + SLUICE_PIN_SOCK_LISTENERS});
     p.push_back({Kind::TcPodIngress, "tc_eth1_ingress", "TC ingress hook on pod interface 0"});
   } else {
     p.push_back({Kind::TcPodIngress, "tc_eth0_ingress", "TC ingress hook on pod interface 0"});
@@ -196,6 +200,30 @@ Status detachBehindPin(const std::string& pin) {
   return {};
 }
 
+// A TCP listener in @p ns on the wildcard address of @p family and @p port,
+// with SO_MARK @p mark (0: none); IPv6 ones dual-stack unless @p v6only.
+Result<Fd> listenIn(const TestNetns& ns, int family, uint16_t port, uint32_t mark, bool v6only = false) {
+  auto fd = socketIn(ns, family, SOCK_STREAM);
+  SLUICE_TRY(fd);
+  const int one = 1, only = v6only ? 1 : 0;
+  if (mark && ::setsockopt(fd->get(), SOL_SOCKET, SO_MARK, &mark, sizeof(mark)) != 0)
+    return Error::fromErrno(errno, "SO_MARK");
+  ::setsockopt(fd->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (family == AF_INET6 && ::setsockopt(fd->get(), IPPROTO_IPV6, IPV6_V6ONLY, &only, sizeof(only)) != 0)
+    return Error::fromErrno(errno, "IPV6_V6ONLY");
+  const Endpoint at = Endpoint::any(family, port);
+  if (::bind(fd->get(), at.raw(), at.len) != 0) return Error::fromErrno(errno, "bind :" + std::to_string(port));
+  if (::listen(fd->get(), 16) != 0) return Error::fromErrno(errno, "listen");
+  return fd;
+}
+
+uint64_t socketCookieOf(int fd) {
+  uint64_t c = 0;
+  socklen_t len = sizeof(c);
+  if (::getsockopt(fd, SOL_SOCKET, SO_COOKIE, &c, &len) != 0) return 0;
+  return c;
+}
+
 Status shOk(const std::string& cmd) {
   CommandResult r = sh(cmd);
   if (r.exitCode != 0) return Error::msg(cmd + ": " + r.describe());
@@ -215,6 +243,18 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
     // The socket mode hooks only a reroute interface at TC: eth1 is one.
     if (socket_) {
       ASSERT_TRUE(topo_.addVeth("eth1", "vethpod1", 1).ok());
+      // The proxy listens before anything of sluice is there (no sock_ops
+      // hook sees its listen()): inbound dual-stack, outbound IPv4; beside
+      // it an app's IPv6-only listener on the outbound port, without the
+      // proxy's mark, which must never be registered.
+      auto in = listenIn(topo_.pod(), AF_INET6, 15006, kProxyMark);
+      auto out = listenIn(topo_.pod(), AF_INET, 15001, kProxyMark);
+      auto app = listenIn(topo_.pod(), AF_INET6, 15001, 0, true);
+      ASSERT_TRUE(in.ok() && out.ok() && app.ok())
+          << (in.ok() ? out.ok() ? app.error().message : out.error().message : in.error().message);
+      proxyIn_ = std::move(*in);
+      proxyOut_ = std::move(*out);
+      appListener_ = std::move(*app);
     }
     DatapathOptions o;
     o.bpffsRoot = bpffs_.root();
@@ -373,6 +413,33 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
     return static_cast<int>(q.prog_cnt);
   }
 
+  // In how many of its port's and family's slots of sock_listeners the
+  // socket @p fd is.
+  int registeredSlots(const Fd& fd, uint16_t port, int family) {
+    const uint64_t want = socketCookieOf(fd.get());
+    int n = 0;
+    for (int slot = 0; slot < SLUICE_LISTENER_SLOTS; slot++) {
+      sluice_sock_listener_key k{};
+      k.netns_cookie = cookie();
+      k.port = port;
+      k.family = static_cast<uint8_t>(family);
+      k.slot = static_cast<uint8_t>(slot);
+      if (auto v = maps().sockListeners.lookup(k); v && *v == want) n++;
+    }
+    return n;
+  }
+  Status eraseSlots(uint16_t port, int family) {
+    for (int slot = 0; slot < SLUICE_LISTENER_SLOTS; slot++) {
+      sluice_sock_listener_key k{};
+      k.netns_cookie = cookie();
+      k.port = port;
+      k.family = static_cast<uint8_t>(family);
+      k.slot = static_cast<uint8_t>(slot);
+      SLUICE_TRY(maps().sockListeners.erase(k));
+    }
+    return {};
+  }
+
   std::string ipOut(const TestNetns& ns, const std::string& args) { return ns.ip(args).out; }
   bool ruleThere(const char* fam) {
     return ipOut(topo_.pod(), std::string(fam) + " rule show priority " + std::to_string(SLUICE_RULE_PRIORITY))
@@ -413,6 +480,9 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
       case Kind::Route6: return routeThere("-6");
       case Kind::FwmarkAccept: return sysctl("net/ipv4/tcp_fwmark_accept") == "1";
       case Kind::SkLookup: return skLookupPrograms() == 1;
+      case Kind::ProxyListeners:
+        return registeredSlots(proxyIn_, 15006, AF_INET6) == 1 && registeredSlots(proxyOut_, 15001, AF_INET) == 1 &&
+               registeredSlots(appListener_, 15001, AF_INET6) == 0;
       case Kind::PodStats: return !maps().podStats.lookupPerCpu(cookie()).empty();
       case Kind::PodConfig: {
         auto have = maps().podConfig.lookup(cookie());
@@ -500,6 +570,7 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
   }
 
   bool socket_ = false;
+  Fd proxyIn_, proxyOut_, appListener_;  ///< socket mode: listening before the plan runs
   TestBpffs bpffs_;
   PodTopology topo_;
   std::unique_ptr<Datapath> dp_;
@@ -547,6 +618,12 @@ TEST_P(PlanStepTest, ApplyUndoUndoRepair) {
       // them (the bpffs root's removal takes them in this test).
       EXPECT_EQ(c.state, StepState::InPlace) << describe(c);
       EXPECT_TRUE(made(k)) << "a pod's undo took the node's hooks";
+      break;
+    case Kind::ProxyListeners:
+      // The programs keep a proxy's listeners in a pod that is not enrolled
+      // too (they leave when closed): undo leaves them.
+      EXPECT_EQ(c.state, StepState::InPlace) << describe(c);
+      EXPECT_TRUE(made(k)) << "undo took the proxy's listeners";
       break;
     case Kind::ProgramState:
       // Nothing of its own to make: the programs fill these maps as traffic
@@ -714,6 +791,31 @@ TEST_P(PlanStepTest, ApplyUndoUndoRepair) {
         return unpinAndWait(skLookupPin(ctx().linkDir), [&] { return skLookupPrograms() == 0; });
       });
       break;
+    case Kind::ProxyListeners: {
+      // What a migration that re-created sock_listeners leaves: one
+      // listener, then every one, unknown to pod_sk_lookup; check names
+      // each, apply takes each from the process that holds it (this one)
+      // into one slot, never a second, never the app's.
+      damaged("the inbound listener's entry erased", [&] { return eraseSlots(15006, AF_INET6); });
+      ASSERT_TRUE(eraseSlots(15006, AF_INET6).ok());
+      StepCheck one = check(s);
+      EXPECT_EQ(one.state, StepState::Missing) << describe(one);
+      ASSERT_EQ(one.problems.size(), 1u) << describe(one);
+      EXPECT_NE(one.problems[0].find("IPv6 listener on :15006"), std::string::npos) << describe(one);
+      ASSERT_TRUE(apply(s).ok());
+      damaged("every entry erased", [&]() -> Status {
+        SLUICE_TRY(eraseSlots(15006, AF_INET6));
+        return eraseSlots(15001, AF_INET);
+      });
+      // Applied again and again (every sweep): no second slot.
+      ASSERT_TRUE(apply(s).ok());
+      EXPECT_TRUE(made(k));
+      // A listener that closes leaves by itself, and then nothing is missing.
+      proxyOut_.reset();
+      EXPECT_TRUE(eventually([&] { return check(s).state == StepState::InPlace; }, std::chrono::seconds(5)))
+          << describe(check(s));
+      break;
+    }
     case Kind::ProgramState: {
       // Undo forgets this pod's entries in the programs' own maps, and only
       // its: another pod's stay. (Apply makes nothing: no half to mend.)

@@ -19,6 +19,7 @@
 // parallel. "No stand-in event" is how a test sees that a connection was not
 // captured: the stand-in records every connection and query it receives.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <bpf/bpf.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -41,11 +42,15 @@ namespace {
 
 constexpr uint32_t kProxyMark = 0x539;
 
-using RedirectParam = std::tuple<TcMode, int, CaptureMode>;
+/// Attach mode, family, capture, and whether the proxy listens before the
+/// pod is enrolled (as ztunnel does in every pod of a node Istio's agent
+/// ran, and wherever it got the pod first): then no sock_ops hook of this
+/// bpffs root existed when it called listen().
+using RedirectParam = std::tuple<TcMode, int, CaptureMode, bool>;
 
 std::string paramName(const ::testing::TestParamInfo<RedirectParam>& info) {
   std::string mode = std::get<2>(info.param) == CaptureMode::Socket ? "socket" : modeName(std::get<0>(info.param));
-  return mode + "_" + familyName(std::get<1>(info.param));
+  return mode + "_" + familyName(std::get<1>(info.param)) + (std::get<3>(info.param) ? "_proxy_first" : "");
 }
 
 class Redirect : public ::testing::TestWithParam<RedirectParam> {
@@ -73,10 +78,18 @@ class Redirect : public ::testing::TestWithParam<RedirectParam> {
   Endpoint podEp(uint16_t port) const { return Endpoint::of(podIp(), port); }
   Endpoint nodeEp(uint16_t port) const { return Endpoint::of(nodeIp(), port); }
 
-  /// Enrolls the pod and starts the stand-in inside it.
+  bool proxyFirst() const { return std::get<3>(GetParam()); }
+
+  /// Enrolls the pod and starts the stand-in inside it; in the proxy-first
+  /// variant the stand-in listens first.
   void enrollWithProxy(PodSpec spec = {}) {
+    if (proxyFirst()) {
+      Status st = h_->startStandIn();
+      ASSERT_TRUE(st.ok()) << st.error().message;
+    }
     auto info = h_->enroll(spec);
     ASSERT_TRUE(info.ok()) << info.error().message;
+    if (proxyFirst()) return;
     Status st = h_->startStandIn();
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
@@ -127,6 +140,19 @@ TEST_P(Redirect, Rule1OutboundTcpIsRelayedByProxy) {
   EXPECT_EQ(ev->origDst, server->local().str());
   EXPECT_EQ(ev->peer, localOf(c->get()).str());
   EXPECT_EQ(ev->detail, "upstream ok");
+  if (socketMode() && family() == AF_INET6) {
+    // IPv6 at the socket: to a port of [::1] in the block that spreads a
+    // pod's connections by destination, which pod_sk_lookup hands to the
+    // proxy's outbound listener; [::1]:15001 would mean the listener was
+    // never found (as when the proxy listened first and nobody looked).
+    CommandResult ss = sh("ip netns exec " + h_->pod().name() + " ss -Htn6 state established src " +
+                          localOf(c->get()).str());
+    const auto at = ss.out.find("[::1]:");
+    ASSERT_NE(at, std::string::npos) << ss.out;
+    const unsigned port = std::stoul(ss.out.substr(at + 6));
+    EXPECT_GE(port, SLUICE_PROXY_LO6_PORT_BASE) << ss.out;
+    EXPECT_LT(port, SLUICE_PROXY_LO6_PORT_BASE + (1u << SLUICE_PROXY_LO6_PORT_BITS)) << ss.out;
+  }
   // At TC the accepted socket's local address is the destination; at the
   // socket it is the proxy's own, and SO_ORIGINAL_DST (IPv6:
   // IP6T_SO_ORIGINAL_DST) answers as with Istio's REDIRECT; ztunnel asks
@@ -891,13 +917,117 @@ TEST_P(Redirect, FailClosedAfterProxyStops) {
   EXPECT_GE(h_->stats().dropped_pkts, socketMode() ? 1u : 2u);
 }
 
+// The socket mode's own: where it keeps the proxy's listeners (at TC they
+// are looked up in the socket table for each connection).
+class SocketRedirect : public Redirect {};
+
+// sock_listeners lost the proxy's listeners (a migration re-creates a
+// pinned SOCKHASH empty: sockets cannot be copied from user space): check
+// names each, inbound is refused (fail closed), and the sweep finds them
+// in the pod's socket table and registers them again.
+TEST_P(SocketRedirect, SweepRegistersListenersTheMapLost) {
+  auto app = tcpServer(h_->pod(), Endpoint::any(family()));
+  ASSERT_TRUE(app);
+  enrollWithProxy();
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok()) << cookie.error().message;
+  const auto& lmap = h_->datapath().programs().sockListeners;
+  for (const auto& k : lmap.keys())
+    if (k.netns_cookie == *cookie) ASSERT_TRUE(lmap.erase(k).ok());
+
+  auto found = h_->datapath().checkPod(h_->podId());
+  ASSERT_TRUE(found.ok()) << found.error().message;
+  std::string problems;
+  for (const auto& p : found->problems) problems += p + "\n";
+  EXPECT_NE(problems.find("the proxy's IPv6 listener on :15006"), std::string::npos) << problems;
+  EXPECT_NE(problems.find("the proxy's IPv6 listener on :15001"), std::string::npos) << problems;
+  expectConnectFails(h_->node(), podEp(app->port()));
+
+  ReconcileReport r = h_->datapath().reconcile();
+  EXPECT_TRUE(r.errors.empty()) << r.errors.front();
+  ASSERT_EQ(r.repaired.size(), 1u);
+  auto again = h_->datapath().checkPod(h_->podId());
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->problems.empty()) << again->problems.front();
+  auto c = tcpConnect(h_->node(), podEp(app->port()));
+  ASSERT_TRUE(c.ok()) << c.error().message << describe(h_->events());
+  ASSERT_TRUE(echoRoundTrip(c->get(), "found").ok());
+  EXPECT_TRUE(h_->waitForEvent("inbound")) << describe(h_->events());
+}
+
+// The proxy listens as an SO_REUSEPORT group (ztunnel's; an old and a new
+// proxy side by side during a hand-over), all opened before the pod was
+// enrolled: every socket of the group is registered, each once, and every
+// inbound connection reaches one of them.
+TEST_P(SocketRedirect, ReuseportGroupOpenedFirstIsRegisteredWhole) {
+  if (!h_->servesReuseport()) GTEST_SKIP() << "this kernel's capture cannot serve an SO_REUSEPORT proxy";
+  auto app = tcpServer(h_->pod(), Endpoint::any(family()));
+  ASSERT_TRUE(app);
+  ASSERT_TRUE(h_->startStandIn().ok());
+  // A second member of the stand-in's inbound group: same user, mark, port.
+  auto second = socketIn(h_->pod(), AF_INET6, SOCK_STREAM);
+  ASSERT_TRUE(second.ok()) << second.error().message;
+  const int one = 1, zero = 0;
+  ASSERT_EQ(::setsockopt(second->get(), SOL_SOCKET, SO_MARK, &kProxyMark, sizeof(kProxyMark)), 0);
+  ASSERT_EQ(::setsockopt(second->get(), SOL_SOCKET, SO_REUSEPORT, &one, sizeof(one)), 0);
+  ASSERT_EQ(::setsockopt(second->get(), IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero)), 0);
+  const Endpoint in = Endpoint::any(AF_INET6, 15006);
+  ASSERT_EQ(::bind(second->get(), in.raw(), in.len), 0) << std::strerror(errno);
+  ASSERT_EQ(::listen(second->get(), 64), 0);
+  auto info = h_->enroll();
+  ASSERT_TRUE(info.ok()) << info.error().message;
+
+  auto cookie = h_->pod().cookie();
+  ASSERT_TRUE(cookie.ok());
+  std::multiset<uint64_t> inbound;
+  const auto& lmap = h_->datapath().programs().sockListeners;
+  for (const auto& k : lmap.keys())
+    if (k.netns_cookie == *cookie && k.port == 15006)
+      if (auto v = lmap.lookup(k)) inbound.insert(*v);
+  EXPECT_EQ(inbound.size(), 2u) << "both sockets of the group, in a slot each";
+  EXPECT_EQ(std::set<uint64_t>(inbound.begin(), inbound.end()).size(), inbound.size()) << "a socket in two slots";
+
+  // Every connection is accepted, by the stand-in (relayed to the app) or
+  // by the second member (counted here).
+  ASSERT_EQ(::fcntl(second->get(), F_SETFL, O_NONBLOCK), 0);
+  size_t bySecond = 0;
+  auto drain = [&] {
+    while (Fd(::accept4(second->get(), nullptr, nullptr, SOCK_CLOEXEC)).valid()) bySecond++;
+  };
+  constexpr size_t kConns = 20;
+  std::vector<Fd> conns;
+  for (size_t i = 0; i < kConns; i++) {
+    auto c = tcpConnect(h_->node(), podEp(app->port()));
+    ASSERT_TRUE(c.ok()) << "connection " << i << ": " << c.error().message;
+    conns.push_back(std::move(*c));
+    drain();
+  }
+  EXPECT_TRUE(eventually([&] {
+    drain();
+    return bySecond + h_->events("inbound").size() == kConns;
+  })) << bySecond << " accepted by the second member, " << describe(h_->events());
+  EXPECT_EQ(h_->stats().dropped_pkts, 0u);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, Redirect,
                          ::testing::Combine(::testing::Values(TcMode::Tcx, TcMode::Legacy),
-                                            ::testing::Values(AF_INET, AF_INET6), ::testing::Values(CaptureMode::Tc)),
+                                            ::testing::Values(AF_INET, AF_INET6), ::testing::Values(CaptureMode::Tc),
+                                            ::testing::Values(false)),
                          paramName);
 INSTANTIATE_TEST_SUITE_P(Socket, Redirect,
                          ::testing::Combine(::testing::Values(TcMode::Auto), ::testing::Values(AF_INET, AF_INET6),
-                                            ::testing::Values(CaptureMode::Socket)),
+                                            ::testing::Values(CaptureMode::Socket), ::testing::Values(false)),
+                         paramName);
+INSTANTIATE_TEST_SUITE_P(Socket, SocketRedirect,
+                         ::testing::Combine(::testing::Values(TcMode::Auto), ::testing::Values(AF_INET, AF_INET6),
+                                            ::testing::Values(CaptureMode::Socket), ::testing::Values(false)),
+                         paramName);
+// The proxy listens before the pod is enrolled: both families at the socket
+// (its listeners must be found in the socket table), and at TC.
+INSTANTIATE_TEST_SUITE_P(ProxyFirst, Redirect,
+                         ::testing::Values(RedirectParam{TcMode::Auto, AF_INET, CaptureMode::Socket, true},
+                                           RedirectParam{TcMode::Auto, AF_INET6, CaptureMode::Socket, true},
+                                           RedirectParam{TcMode::Auto, AF_INET, CaptureMode::Tc, true}),
                          paramName);
 
 }  // namespace
