@@ -773,18 +773,77 @@ TEST_F(ZdsServer, StopClosesConnectionsAndUnlinksTheSocket) {
   server->stop();  // idempotent
 }
 
-TEST_F(ZdsServer, StopLeavesASocketFileThatANewerAgentOwns) {
+// Another node agent serves the socket (Istio's, or another sluiced):
+// without --ztunnel-socket-takeover the agent refuses to start, naming the
+// path, and leaves the socket alone (ztunnel stays with the other agent).
+TEST_F(ZdsServer, ASocketAnotherAgentServesIsNeverTaken) {
+  auto other = startServer();
+  ASSERT_TRUE(other);
+  auto second = Server::start(shortOptions(path()));
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.error().code, EADDRINUSE);
+  EXPECT_EQ(second.error().message,
+            "zds: " + path() + " is served by another node agent (Istio's, or another sluiced): refusing to take it "
+            "while it answers; stop that agent, or start with --ztunnel-socket-takeover to wait until it stops");
+  FakeZtunnel peer(path());
+  ASSERT_TRUE(peer.handshake().ok()) << "the other agent lost its socket";
+  EXPECT_EQ(other->peers().size(), 1u);
+
+  // Any listener counts, not only a ZDS server: a stream socket too.
+  other->stop();
+  Fd foreign(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path().c_str(), sizeof(addr.sun_path) - 1);
+  ASSERT_EQ(::bind(foreign.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(::listen(foreign.get(), 4), 0);
+  auto third = Server::start(shortOptions(path()));
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.error().code, EADDRINUSE);
+}
+
+// With the takeover on, the agent waits (saying so) while the other agent
+// serves, and listens once it stopped; the old agent's stop leaves the new
+// socket in place, and ztunnel, reconnecting, reaches the new agent.
+TEST_F(ZdsServer, TakeoverWaitsForTheOtherAgentThenServes) {
   auto old = startServer();
   ASSERT_TRUE(old);
-  // A newer agent takes the path over (removing the stale file), then the
-  // old one stops: the new socket must survive.
-  auto fresh = startServer();
+  ServerOptions o = shortOptions(path());
+  o.takeOver = true;
+  o.takeOverPoll = std::chrono::milliseconds(20);
+  auto fresh = startServer(std::move(o));
   ASSERT_TRUE(fresh);
+  EXPECT_EQ(fresh->waiting(), "another node agent serves " + path() + ": waiting for it to stop");
+  {
+    FakeZtunnel early(path());
+    ASSERT_TRUE(early.handshake().ok());
+    EXPECT_EQ(old->peers().size(), 1u) << "ztunnel must reach the agent that serves the socket";
+    EXPECT_EQ(fresh->peers().size(), 0u);
+  }
   old->stop();
-  ASSERT_TRUE(std::filesystem::exists(path()));
+  for (int i = 0; i < 500 && !fresh->waiting().empty(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  ASSERT_EQ(fresh->waiting(), "") << "still waiting after the other agent stopped";
+  ASSERT_TRUE(std::filesystem::exists(path())) << "the old agent's stop removed the new agent's socket";
   FakeZtunnel peer(path());
   ASSERT_TRUE(peer.handshake().ok());
   EXPECT_EQ(fresh->peers().size(), 1u);
+  fresh->stop();
+  EXPECT_FALSE(std::filesystem::exists(path()));
+}
+
+// Stopped while it still waits: nothing was bound, the other's socket stays.
+TEST_F(ZdsServer, TakeoverStoppedWhileWaitingLeavesTheOthersSocket) {
+  auto old = startServer();
+  ASSERT_TRUE(old);
+  ServerOptions o = shortOptions(path());
+  o.takeOver = true;
+  auto fresh = startServer(std::move(o));
+  ASSERT_TRUE(fresh);
+  EXPECT_FALSE(fresh->waiting().empty());
+  fresh->stop();
+  FakeZtunnel peer(path());
+  ASSERT_TRUE(peer.handshake().ok());
+  EXPECT_EQ(old->peers().size(), 1u);
 }
 
 TEST_F(ZdsServer, StartErrors) {

@@ -33,6 +33,9 @@ struct AgentOptions {
   /// The ZDS socket the node proxy (ztunnel) connects to; "" hands no pod
   /// to a node proxy (standalone use, per-pod proxies).
   std::string ztunnelSocket;
+  /// Another node agent serves ztunnelSocket: wait for it to stop (true)
+  /// instead of refusing to start.
+  bool ztunnelTakeover = false;
   /// ZDS deadlines and idle checks (the protocol's 5 s; tests shorten them).
   std::chrono::milliseconds ztunnelTimeout = std::chrono::seconds(5);
   /// Kubernetes: which pods are in the mesh, running pods, annotations

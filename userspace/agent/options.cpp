@@ -13,7 +13,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--log-format text|json] [--log-level LEVEL]
                [--capture auto|socket|tc] [--tc-mode auto|tcx|legacy]
                [--cgroup DIR] [--pod-guard on|off] [--reconcile-interval SECONDS]
-               [--ztunnel-socket PATH] [--ztunnel-timeout-ms MS]
+               [--ztunnel-socket PATH [--ztunnel-socket-takeover]] [--ztunnel-timeout-ms MS]
                [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
                [Kubernetes flags, below]
@@ -39,6 +39,11 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            e.g. /var/run/ztunnel/ztunnel.sock); pods then need
                            a uid, and an enrollment fails (retryably) while no
                            ztunnel is connected. Default: no hand-off
+  --ztunnel-socket-takeover
+                           when another node agent (Istio's, or another
+                           sluiced) serves that socket, wait until it stops
+                           and then serve it (ztunnel reconnects by itself);
+                           without it the agent refuses to start then
   --ztunnel-timeout-ms MS  ZDS deadlines: hello, request write, ack read, idle
                            check interval (default 5000)
   --allow-private-bpffs    start even when the bpffs is private to the agent's
@@ -85,6 +90,10 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     }
     if (flag == "--allow-private-bpffs") {
       d.agent.allowPrivateBpffs = true;
+      continue;
+    }
+    if (flag == "--ztunnel-socket-takeover") {
+      d.agent.ztunnelTakeover = true;
       continue;
     }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
@@ -161,6 +170,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
   if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
   if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
     return usageError("--cni-agent-socket needs --cni-conf-dir");
+  if (d.agent.ztunnelTakeover && d.agent.ztunnelSocket.empty())
+    return usageError("--ztunnel-socket-takeover needs --ztunnel-socket");
   return d;
 }
 

@@ -133,6 +133,7 @@ Status Agent::startZds() {
     // The node proxy connects when it likes; the agent only listens.
     zds::ServerOptions zo;
     zo.socketPath = options.ztunnelSocket;
+    zo.takeOver = options.ztunnelTakeover;
     zo.helloTimeout = zo.writeTimeout = zo.ackTimeout = zo.idleCheckInterval = options.ztunnelTimeout;
     zo.snapshot = [p = this] { return p->snapshot(); };
     zo.observer = &zdsMetrics_;

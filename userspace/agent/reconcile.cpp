@@ -88,6 +88,7 @@ Health Agent::health() {
   if (zds_) {
     h.ztunnelSocket = options_.ztunnelSocket;
     h.ztunnelConnections = zds_->peers().size();
+    h.ztunnelWaiting = zds_->waiting();
   }
   if (kube_) {
     h.kubeApi = kube_->apiDescription();

@@ -72,6 +72,9 @@ struct Health {
   std::string lastReconcileError;  ///< "" when the last sweep was clean
   std::string ztunnelSocket;        ///< "" when the agent hands no pod to a node proxy
   uint64_t ztunnelConnections = 0;  ///< node proxies connected over ZDS
+  /// Non-empty while another node agent serves ztunnelSocket and this one
+  /// waits for it to stop (--ztunnel-socket-takeover): what it waits for.
+  std::string ztunnelWaiting;
   std::string kubeApi;              ///< "" without Kubernetes; "in cluster" or the URL
   bool kubeSynced = false;          ///< caches listed, start-up reconciliation done
   /// "host": the bpffs outlives the agent's mount namespace; "private": it

@@ -394,6 +394,7 @@ std::string describeProxyIdentity(const ProxyStatus& p) {
 std::string describeZtunnel(const ProxyStatus& p) {
   if (!p.agent) return "no agent answered";
   if (p.ztunnelSocket.empty()) return "the agent hands no pod to a node proxy (no --ztunnel-socket)";
+  if (!p.ztunnelWaiting.empty()) return p.ztunnelWaiting;
   return std::to_string(p.ztunnelConnections) + " connection(s) on " + p.ztunnelSocket;
 }
 
@@ -667,6 +668,7 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
       proxy.agent = true;
       proxy.ztunnelSocket = health->ztunnelSocket;
       proxy.ztunnelConnections = health->ztunnelConnections;
+      proxy.ztunnelWaiting = health->ztunnelWaiting;
     }
     BpffsReport bpffs = inspectBpffsForStatus(cmd, health);
     out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy, &bpffs, cmd.capture);

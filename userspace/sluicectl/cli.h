@@ -89,6 +89,7 @@ struct ProxyStatus {
   bool agent = false;         ///< an agent answered for this root
   std::string ztunnelSocket;  ///< the agent's ZDS socket ("" : no hand-off)
   uint64_t ztunnelConnections = 0;
+  std::string ztunnelWaiting;  ///< another node agent serves the socket: the agent waits
 };
 
 /// Renders the kernel feature report for `sluicectl status`: the kernel,

@@ -104,7 +104,15 @@ struct Server::Impl {
   std::condition_variable notesCv;
   bool notifierStop = false;
 
+  std::string waitingFor;  ///< guarded by mu: see Server::waiting()
+
+  /// Whether another process serves the socket at the path (a connection
+  /// to it is accepted, or its backlog is full).
+  bool servedByAnother(const sockaddr_un& addr) const;
   Status listen();
+  /// takeOver: waits until the other server stops, then listens; false
+  /// when stopped first.
+  bool waitThenListen();
   void acceptLoop();
   void serve(const std::shared_ptr<Conn>& conn);
   bool sendSnapshot(const std::shared_ptr<Conn>& conn);
@@ -125,6 +133,16 @@ struct Server::Impl {
 
 // ---- Listening and accepting ---------------------------------------------------
 
+bool Server::Impl::servedByAnother(const sockaddr_un& addr) const {
+  Fd probe(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+  if (!probe.valid()) return false;
+  if (::connect(probe.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) == 0) return true;
+  // EAGAIN: a listener whose backlog is full; ECONNREFUSED: a socket file
+  // nobody listens on; EPROTOTYPE: not a SEQPACKET listener (not a ZDS
+  // server, but someone's all the same).
+  return errno == EAGAIN || errno == EINPROGRESS || errno == EPROTOTYPE;
+}
+
 Status Server::Impl::listen() {
   const std::string& path = options.socketPath;
   sockaddr_un addr{};
@@ -141,6 +159,14 @@ Status Server::Impl::listen() {
     // A socket left by an earlier agent: ztunnel would connect to nothing.
     if (!S_ISSOCK(st.st_mode)) {
       return Error::msg("zds: refusing to replace '" + path + "': it exists and is not a socket", EEXIST);
+    }
+    // One that another node agent serves: ztunnel would be split between
+    // two agents, each sure it alone hands pods over.
+    if (servedByAnother(addr)) {
+      return Error::msg("zds: " + path + " is served by another node agent (Istio's, or another sluiced): refusing "
+                        "to take it while it answers; stop that agent, or start with --ztunnel-socket-takeover to "
+                        "wait until it stops",
+                        EADDRINUSE);
     }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
       return Error::fromErrno(errno, "zds: remove stale socket " + path);
@@ -166,7 +192,7 @@ Status Server::Impl::listen() {
     ::unlink(path.c_str());
     return Error::fromErrno(err, "zds: listen " + path);
   }
-  stopFd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+  if (!stopFd.valid()) stopFd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!stopFd.valid()) {
     int err = errno;
     ::unlink(path.c_str());
@@ -175,8 +201,36 @@ Status Server::Impl::listen() {
   return {};
 }
 
+bool Server::Impl::waitThenListen() {
+  auto lastLog = std::chrono::steady_clock::now();
+  for (;;) {
+    pollfd stop{stopFd.get(), POLLIN, 0};
+    if (::poll(&stop, 1, static_cast<int>(options.takeOverPoll.count())) > 0) return false;
+    Status st = listen();
+    if (st.ok()) {
+      {
+        std::lock_guard lock(mu);
+        waitingFor.clear();
+      }
+      spdlog::info("zds: the other node agent stopped serving {}: listening on it now", options.socketPath);
+      return true;
+    }
+    const bool served = st.error().code == EADDRINUSE;
+    {
+      std::lock_guard lock(mu);
+      waitingFor = served ? "another node agent serves " + options.socketPath + ": waiting for it to stop"
+                          : "cannot listen on " + options.socketPath + ": " + st.error().message;
+    }
+    if (auto now = std::chrono::steady_clock::now(); now - lastLog >= std::chrono::seconds(30)) {
+      lastLog = now;
+      spdlog::warn("zds: {}", waitingFor);
+    }
+  }
+}
+
 void Server::Impl::acceptLoop() {
   ::pthread_setname_np(::pthread_self(), "zds-accept");
+  if (!listenFd.valid() && !waitThenListen()) return;
   for (;;) {
     std::array<pollfd, 2> fds{};
     fds[0] = {listenFd.get(), POLLIN, 0};
@@ -526,12 +580,24 @@ Server::~Server() { stop(); }
 
 Result<std::unique_ptr<Server>> Server::start(ServerOptions options) {
   auto impl = std::make_unique<Impl>(std::move(options));
-  SLUICE_TRY(impl->listen());
+  Status listening = impl->listen();
+  if (!listening.ok()) {
+    if (!impl->options.takeOver || listening.error().code != EADDRINUSE) return listening.error();
+    impl->stopFd = Fd(::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
+    if (!impl->stopFd.valid()) return Error::fromErrno(errno, "zds: eventfd");
+    impl->waitingFor = "another node agent serves " + impl->options.socketPath + ": waiting for it to stop";
+    spdlog::warn("zds: {} (--ztunnel-socket-takeover)", impl->waitingFor);
+  }
   Impl* p = impl.get();
   p->notifier = std::thread([p] { p->notifyLoop(); });
   p->acceptor = std::thread([p] { p->acceptLoop(); });
-  spdlog::info("zds: listening on {}", p->options.socketPath);
+  if (listening.ok()) spdlog::info("zds: listening on {}", p->options.socketPath);
   return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+std::string Server::waiting() const {
+  std::lock_guard lock(impl_->mu);
+  return impl_->waitingFor;
 }
 
 void Server::stop() {

@@ -61,8 +61,16 @@ class Observer {
 /// How the server listens and what it asks its owner.
 struct ServerOptions {
   /// Removes a stale socket file first (refuses to remove anything that is
-  /// not a socket), listens SOCK_SEQPACKET.
+  /// not a socket, or a socket another process still serves), listens
+  /// SOCK_SEQPACKET.
   std::string socketPath;
+  /// When another process serves socketPath (another node agent: Istio's,
+  /// or another sluiced): false, start() fails naming it; true, start()
+  /// returns at once and the server waits until that process stops
+  /// serving (probing every takeOverPoll), then listens (waiting() says so
+  /// meanwhile). ztunnel reconnects by itself.
+  bool takeOver = false;
+  std::chrono::milliseconds takeOverPoll{250};
   /// Wait for the hello; write a request; read its ack; between idle checks.
   std::chrono::milliseconds helloTimeout{5000}, writeTimeout{5000}, ackTimeout{5000}, idleCheckInterval{5000};
   /// Called for each new connection after its hello: the pods to snapshot
@@ -95,6 +103,10 @@ class Server {
   ~Server();
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
+
+  /// Non-empty while the server waits for another process to stop serving
+  /// its socket (ServerOptions::takeOver): what it waits for.
+  std::string waiting() const;
 
   /// Closes every connection and the listener, joins threads, unlinks the
   /// socket file (unless another process has replaced it since). Waits for a
