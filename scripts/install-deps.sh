@@ -18,6 +18,10 @@ PKGS+=(libprotobuf-dev protobuf-compiler)
 # libcurl; the test API server (test/apiserver) makes its CA and certificate
 # per run with the openssl CLI.
 PKGS+=(libcurl4-openssl-dev openssl)
+# Istio's side, as its node agent leaves a node: its probe ipsets, its
+# native nftables tables (1.28+), read by `sluicectl status` and the
+# takeover, and built by their tests.
+PKGS+=(ipset nftables)
 VM=0
 if [ "${1:-}" = "--vm" ]; then
   VM=1
