@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "loader/features.h"
+#include "test/common/istio_rules.h"
 #include "test/common/topology.h"
 
 namespace sluice::test {
@@ -84,6 +85,7 @@ TEST_P(SluicectlMode, AddListStatsRemove) {
   ASSERT_EQ(pods.size(), 1u) << list.out;
   EXPECT_EQ(pods[0]["id"], id);
   EXPECT_EQ(pods[0]["netns"], topo.pod().path());
+  EXPECT_EQ(pods[0]["istio_rules"], "none") << "no Istio redirection in the pod beside sluice's";
   // auto resolves to what the kernel has: the socket where it has the
   // hooks; else tcx from 6.6, clsact before.
   const bool socket = GetParam() == "auto" && socketCaptureUnsupported().empty();
@@ -140,6 +142,26 @@ TEST_P(SluicectlMode, AddListStatsRemove) {
   EXPECT_EQ(q.out.find("clsact"), std::string::npos) << q.out;
   auto rules = topo.pod().ip("rule show");
   EXPECT_EQ(rules.out.find("fwmark 0x111"), std::string::npos) << rules.out;
+}
+
+// A pod that still carries Istio's in-pod rules beside sluice's (enrolled
+// by both agents: two redirections at once): pod list says what is there.
+TEST_F(Sluicectl, PodListShowsIstioRulesLeftInThePod) {
+  PodTopology topo;
+  ASSERT_TRUE(topo.ok()) << topo.error();
+  ASSERT_TRUE(applyIstioInpod(topo.pod(), IstioBackend::IptablesNft, true).ok());
+  auto add = ctl(bpffs_.root(), {"pod", "add", "--netns", topo.pod().path()});
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  auto list = ctl(bpffs_.root(), {"pod", "list", "--json"});
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  auto pods = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(pods.is_array() && pods.size() == 1u) << list.out;
+  const std::string rules = pods[0]["istio_rules"].get<std::string>();
+  EXPECT_NE(rules.find("iptables-nft IPv4: ISTIO_OUTPUT, ISTIO_PRERT"), std::string::npos) << rules;
+  auto text = ctl(bpffs_.root(), {"pod", "list"});
+  EXPECT_NE(text.out.find("ISTIO_RULES"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("iptables-nft IPv6: ISTIO_OUTPUT, ISTIO_PRERT"), std::string::npos) << text.out;
+  EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", topo.pod().name()}).exitCode, 0);
 }
 
 // pod remove --netns finds the pod by its namespace.

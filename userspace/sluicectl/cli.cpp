@@ -14,6 +14,7 @@
 #include <ostream>
 #include <sstream>
 
+#include "loader/netns.h"
 #include "userspace/api/client.h"
 
 namespace sluice::cli {
@@ -54,7 +55,10 @@ usage: sluicectl [--bpffs DIR] [--socket PATH] [--capture auto|socket|tc]
   pod remove (--netns PATH | --id NAME)
   pod list   [--json]
   stats      [--id NAME] [--json]
-  status     [--json]   what this kernel supports and the paths sluice takes
+  status     [--json] [--cni-conf-dir DIR]
+                        what this kernel supports and the paths sluice takes;
+                        what Istio's node agent left on this node (its CNI
+                        entry is looked for in DIR, default /etc/cni/net.d)
 
 global options:
   --bpffs DIR       bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -160,6 +164,13 @@ Result<Command> parse(const std::vector<std::string>& argv) {
       a.i++;
       continue;
     }
+    if (flag == "--cni-conf-dir" && cmd.verb == Verb::Status) {
+      auto v = a.value(flag);
+      SLUICE_TRY(v);
+      if (v->empty() || (*v)[0] != '/') return usageError("--cni-conf-dir needs an absolute path");
+      cmd.cniConfDir = *v;
+      continue;
+    }
     if (flag == "--help" || flag == "-h") {
       cmd.verb = Verb::Help;
       return cmd;
@@ -221,7 +232,13 @@ Result<Command> parse(const std::vector<std::string>& argv) {
   return cmd;
 }
 
-std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw) {
+std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw,
+                          const IstioRulesByPod* istioRules) {
+  auto istioOf = [istioRules](const PodInfo& p) -> std::string {
+    if (!istioRules) return "";
+    auto it = istioRules->find(p.id);
+    return it == istioRules->end() ? "?" : it->second;
+  };
   auto rawOf = [netRaw](const PodInfo& p) -> const std::vector<NetRawProcess>* {
     if (!netRaw) return nullptr;
     auto it = netRaw->find(p.id);
@@ -236,6 +253,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const Net
         for (const auto& r : *raw) procs.push_back({{"pid", r.pid}, {"comm", r.comm}});
         j["net_raw_processes"] = procs;
       }
+      if (istioRules) j["istio_rules"] = istioOf(p);
       arr.push_back(j);
     }
     return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -244,6 +262,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const Net
   std::vector<std::vector<std::string>> rows = {
       {"ID", "CAPTURE", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
   if (netRaw) rows[0].push_back("NET_RAW");
+  if (istioRules) rows[0].push_back("ISTIO_RULES");
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
@@ -264,6 +283,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const Net
       }
       rows.back().push_back(raw);
     }
+    if (istioRules) rows.back().push_back(istioOf(p));
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)
@@ -424,6 +444,18 @@ std::string describePrograms(const PinnedProgramsInfo& p) {
                       : "another build's: this build loads and pins its own on its next pod command");
 }
 
+// What Istio's node agent left on this node, and what that means here.
+std::string describeIstioNode(const istio::NodeState& n) {
+  if (!n.any()) {
+    std::string s = "none of its node state here (no istio-cni entry, probe ipset or ISTIO_POSTRT chain)";
+    if (!n.unreadable.empty() || !n.snat.unreadable.empty()) s += "; " + n.describe();
+    return s;
+  }
+  return "ITS STATE IS HERE: " + n.describe() +
+         " (Istio's agent runs this node, or ran it: pods it enrolled carry its in-pod rules; `pod list` shows "
+         "them for sluice's pods)";
+}
+
 std::string describeAgentKube(const agent::Health& h) {
   if (h.kubeApi.empty()) return "off: the agent enrolls every pod it is asked to";
   return h.kubeApi + (h.kubeSynced ? ", synced: the agent enrolls the pods in the ambient mesh"
@@ -433,7 +465,7 @@ std::string describeAgentKube(const agent::Health& h) {
 }  // namespace
 
 std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy,
-                         const BpffsReport* bpffs, CaptureMode capture) {
+                         const BpffsReport* bpffs, CaptureMode capture, const istio::NodeState* istioNode) {
   Status minimum = checkMinimumFeatures(r);
   auto [mode, modeWhy] = resolvedTcMode(r, requested);
   auto [captured, captureWhy] = resolvedCapture(r, capture);
@@ -498,6 +530,13 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                       {"kube_api", bpffs->agent->kubeApi},
                       {"kube_synced", bpffs->agent->kubeSynced}};
     }
+    if (istioNode)
+      j["istio_node_agent"] = {{"present", istioNode->any()},
+                               {"snat", istioNode->snat.found},
+                               {"probe_sets", istioNode->probeSets},
+                               {"cni_entries", istioNode->cniEntries},
+                               {"unreadable", istioNode->unreadable},
+                               {"describe", describeIstioNode(*istioNode)}};
     return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   }
   std::ostringstream o;
@@ -527,6 +566,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
     if (bpffs->agent) o << "kubernetes         " << describeAgentKube(*bpffs->agent) << "\n";
   }
+  if (istioNode) o << "istio node agent   " << describeIstioNode(*istioNode) << "\n";
   o << "\nfeatures:\n";
   for (const auto& row : statusRows(r)) {
     o << "  " << std::left << std::setw(23) << row.name << std::setw(5) << (row.feature->present ? "yes" : "no")
@@ -614,12 +654,22 @@ int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostrea
       auto pods = b.list();
       if (!pods.ok()) return fail(pods.error());
       NetRawByPod netRaw;
+      IstioRulesByPod istioRules;
       for (const auto& p : *pods) {
         auto ino = netnsInodeOf(p.netnsPath);
         auto procs = ino.ok() ? netRawProcesses(*ino) : Result<std::vector<NetRawProcess>>(ino.error());
         if (procs.ok()) netRaw[p.id] = std::move(*procs);
+        // Istio's own redirection still in the pod: both at once.
+        if (auto ns = openNetns(p.netnsPath); ns.ok()) {
+          Status read = runInNetns(ns->get(), [&]() -> Status {
+            auto rules = istio::readPodRules();
+            istioRules[p.id] = rules.ok() ? rules->describe() : "cannot tell: " + rules.error().message;
+            return {};
+          });
+          if (!read.ok()) istioRules[p.id] = "cannot tell: " + read.error().message;
+        }
       }
-      out << formatPodList(*pods, cmd.json, &netRaw);
+      out << formatPodList(*pods, cmd.json, &netRaw, &istioRules);
       return 0;
     }
     case Verb::Stats: {
@@ -671,7 +721,8 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
       proxy.ztunnelWaiting = health->ztunnelWaiting;
     }
     BpffsReport bpffs = inspectBpffsForStatus(cmd, health);
-    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy, &bpffs, cmd.capture);
+    const istio::NodeState istioNode = istio::readNodeState(cmd.cniConfDir);
+    out << formatStatus(*features, cmd.tcMode, cmd.json, &proxy, &bpffs, cmd.capture, &istioNode);
     Status minimum = checkMinimumFeatures(*features);
     return minimum.ok() ? 0 : fail(minimum.error());
   }

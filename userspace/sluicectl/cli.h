@@ -9,6 +9,7 @@
 
 #include "loader/bpffs.h"
 #include "enroll/datapath.h"
+#include "istio/state.h"
 #include "loader/features.h"
 #include "loader/pod_guard.h"
 #include "base/result.h"
@@ -32,6 +33,8 @@ struct Command {
   std::string socketPath = "/var/run/sluice/agent.sock";
   bool socketGiven = false;  ///< --socket was on the command line
   bool json = false;
+  /// status: where the node's CNI chain lives (Istio's istio-cni entry is looked for there).
+  std::string cniConfDir = "/etc/cni/net.d";
   PodSpec pod;                    ///< pod add; pod remove uses netnsPath / id
   std::optional<std::string> id;  ///< pod remove, stats
 };
@@ -59,7 +62,11 @@ std::string formatError(const Error& e);
 using NetRawByPod = std::map<std::string, std::vector<NetRawProcess>>;
 /// With @p netRaw, a NET_RAW column (JSON: net_raw_processes): "?" for a
 /// pod it has no entry for.
-std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw = nullptr);
+/// Per pod id: Istio's in-pod redirection found in its netns ("none", or
+/// what is there: both redirections at once until Istio's is removed).
+using IstioRulesByPod = std::map<std::string, std::string>;
+std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw = nullptr,
+                          const IstioRulesByPod* istioRules = nullptr);
 std::string formatStats(const std::vector<PodCounters>& stats, bool json);
 
 /// What `sluicectl status` says about the pinned state's bpffs: whether it
@@ -98,7 +105,9 @@ struct ProxyStatus {
 /// --capture; shown with why), the pod-cookie method and whether SO_REUSEPORT
 /// proxies can be served; with @p proxy, the node proxy's identity; with
 /// @p bpffs, whether the pinned state outlives its mount namespace.
+/// With @p istioNode, what Istio's node agent left on this node.
 std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, const ProxyStatus* proxy = nullptr,
-                         const BpffsReport* bpffs = nullptr, CaptureMode capture = CaptureMode::Auto);
+                         const BpffsReport* bpffs = nullptr, CaptureMode capture = CaptureMode::Auto,
+                         const istio::NodeState* istioNode = nullptr);
 
 }  // namespace sluice::cli
