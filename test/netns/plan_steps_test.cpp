@@ -413,30 +413,25 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
     return static_cast<int>(q.prog_cnt);
   }
 
+  sluice_sock_listener_key slotKey(uint16_t port, int family, int slot) {
+    sluice_sock_listener_key k{};
+    k.netns_cookie = cookie();
+    k.port = port;
+    k.family = static_cast<uint8_t>(family);
+    k.slot = static_cast<uint8_t>(slot);
+    return k;
+  }
   // In how many of its port's and family's slots of sock_listeners the
   // socket @p fd is.
   int registeredSlots(const Fd& fd, uint16_t port, int family) {
     const uint64_t want = socketCookieOf(fd.get());
     int n = 0;
-    for (int slot = 0; slot < SLUICE_LISTENER_SLOTS; slot++) {
-      sluice_sock_listener_key k{};
-      k.netns_cookie = cookie();
-      k.port = port;
-      k.family = static_cast<uint8_t>(family);
-      k.slot = static_cast<uint8_t>(slot);
-      if (auto v = maps().sockListeners.lookup(k); v && *v == want) n++;
-    }
+    for (int slot = 0; slot < SLUICE_LISTENER_SLOTS; slot++)
+      if (auto v = maps().sockListeners.lookup(slotKey(port, family, slot)); v && *v == want) n++;
     return n;
   }
   Status eraseSlots(uint16_t port, int family) {
-    for (int slot = 0; slot < SLUICE_LISTENER_SLOTS; slot++) {
-      sluice_sock_listener_key k{};
-      k.netns_cookie = cookie();
-      k.port = port;
-      k.family = static_cast<uint8_t>(family);
-      k.slot = static_cast<uint8_t>(slot);
-      SLUICE_TRY(maps().sockListeners.erase(k));
-    }
+    for (int slot = 0; slot < SLUICE_LISTENER_SLOTS; slot++) SLUICE_TRY(maps().sockListeners.erase(slotKey(port, family, slot)));
     return {};
   }
 

@@ -933,7 +933,9 @@ TEST_P(SocketRedirect, SweepRegistersListenersTheMapLost) {
   ASSERT_TRUE(cookie.ok()) << cookie.error().message;
   const auto& lmap = h_->datapath().programs().sockListeners;
   for (const auto& k : lmap.keys())
-    if (k.netns_cookie == *cookie) ASSERT_TRUE(lmap.erase(k).ok());
+    if (k.netns_cookie == *cookie) {
+      ASSERT_TRUE(lmap.erase(k).ok());
+    }
 
   auto found = h_->datapath().checkPod(h_->podId());
   ASSERT_TRUE(found.ok()) << found.error().message;

@@ -3,6 +3,8 @@
 // rotation, chunked lists, watch streams and their failure modes, merge
 // patches, and the one-line errors of each.
 #include <gtest/gtest.h>
+
+#include <atomic>
 #include <stdlib.h>
 
 #include <thread>
@@ -183,15 +185,22 @@ TEST_F(KubeClient, WatchStreamsEventsInOrderWithBookmarks) {
   auto list = client_->list(podsPath(), ListOptions{.fieldSelector = "spec.nodeName=node-a"});
   ASSERT_TRUE(list.ok());
   std::vector<std::string> seen;
+  std::atomic<bool> opened{false};
   std::thread changer([&] {
-    std::this_thread::sleep_for(200ms);
+    // The bookmark fault reaches only watches the server holds: wait for
+    // this one to be open (a fixed sleep lost the race on a loaded machine).
+    for (int i = 0; i < 500 && !opened; i++) std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(opened) << "the watch never opened";
     EXPECT_TRUE(server_->patchPod("shop", "w1", {{"metadata", {{"labels", {{"x", "1"}}}}}}).ok());
     EXPECT_TRUE(server_->createPod(pod("other", "node-b")).ok());  // filtered out
     EXPECT_TRUE(server_->fault({{"bookmark", true}}).ok());
     EXPECT_TRUE(server_->deletePod("shop", "w1").ok());
   });
   WatchOptions o{.fieldSelector = "spec.nodeName=node-a", .resourceVersion = list->resourceVersion, .stallTimeout = 5s};
-  o.onOpen = [&] { seen.push_back("open"); };
+  o.onOpen = [&] {
+    seen.push_back("open");
+    opened = true;
+  };
   auto end = client_->watch(podsPath(), o, [&](WatchEvent&& ev) {
     std::string what = toString(ev.type);
     if (ev.type != WatchEventType::Bookmark) what += " " + ev.object["metadata"]["name"].get<std::string>();
