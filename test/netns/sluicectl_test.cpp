@@ -164,6 +164,59 @@ TEST_F(Sluicectl, PodListShowsIstioRulesLeftInThePod) {
   EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", topo.pod().name()}).exitCode, 0);
 }
 
+// pod check and pod list's CHECK column: a socket-mode pod whose proxy
+// listens but whose listeners pod_sk_lookup no longer knows (as a
+// re-created sock_listeners leaves it) is named, one line a listener, exit
+// 1; checking changes nothing.
+TEST_F(Sluicectl, PodCheckNamesProxyListenersTheLookupDoesNotKnow) {
+  if (std::string why = socketCaptureUnsupported(); !why.empty()) GTEST_SKIP() << why;
+  PodTopology topo;
+  ASSERT_TRUE(topo.ok()) << topo.error();
+  const std::string id = topo.pod().name();
+  StandInConfig cfg = testStandInConfig(CaptureMode::Socket);
+  cfg.netnsPath = topo.pod().path();
+  auto standIn = ProxyStandIn::start(cfg);  // listening before the pod is enrolled
+  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
+  auto add = ctl(bpffs_.root(), {"pod", "add", "--netns", topo.pod().path()});
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  auto intact = ctl(bpffs_.root(), {"pod", "check", "--id", id});
+  EXPECT_EQ(intact.exitCode, 0) << intact.describe();
+  EXPECT_EQ(intact.out, "pod " + id + ": intact\n");
+
+  const std::string pin = bpffs_.root() + "/" + SLUICE_PIN_SOCK_LISTENERS;
+  Fd map(::bpf_obj_get(pin.c_str()));
+  ASSERT_TRUE(map.valid()) << pin << ": " << std::strerror(errno);
+  sluice_sock_listener_key k{}, next{};
+  std::vector<sluice_sock_listener_key> keys;
+  for (const void* prev = nullptr; ::bpf_map_get_next_key(map.get(), prev, &next) == 0; prev = &k) {
+    keys.push_back(next);
+    k = next;
+  }
+  ASSERT_FALSE(keys.empty());
+  for (const auto& key : keys) ASSERT_EQ(::bpf_map_delete_elem(map.get(), &key), 0);
+
+  auto broken = ctl(bpffs_.root(), {"pod", "check", "--id", id});
+  EXPECT_EQ(broken.exitCode, 1) << broken.describe();
+  EXPECT_NE(broken.out.find("pod " + id + ": 2 problem(s)"), std::string::npos) << broken.out;
+  EXPECT_NE(broken.out.find("the proxy's IPv6 listener on :15006"), std::string::npos) << broken.out;
+  EXPECT_NE(broken.out.find("is not in sock_listeners"), std::string::npos) << broken.out;
+  auto list = ctl(bpffs_.root(), {"pod", "list", "--json"});
+  ASSERT_EQ(list.exitCode, 0) << list.describe();
+  auto pods = nlohmann::json::parse(list.out, nullptr, false);
+  ASSERT_TRUE(pods.is_array() && pods.size() == 1u) << list.out;
+  EXPECT_EQ(pods[0]["problems"].size(), 2u) << list.out;
+  auto text = ctl(bpffs_.root(), {"pod", "list"});
+  EXPECT_NE(text.out.find("CHECK"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("2: the proxy's"), std::string::npos) << text.out;
+
+  // Check changes nothing (the agent's sweep repairs: SocketRedirect.SweepRegistersListenersTheMapLost).
+  EXPECT_NE(::bpf_map_get_next_key(map.get(), nullptr, &next), 0) << "check registered something";
+  auto usage = ctl(bpffs_.root(), {"pod", "check"});
+  EXPECT_EQ(usage.exitCode, 2) << usage.describe();
+  EXPECT_NE(usage.err.find("pod check needs --id NAME"), std::string::npos) << usage.err;
+  EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", id}).exitCode, 0);
+}
+
 // pod remove --netns finds the pod by its namespace.
 TEST_P(SluicectlMode, RemoveByNetns) {
   PodTopology topo;

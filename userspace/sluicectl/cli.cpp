@@ -54,6 +54,7 @@ usage: sluicectl [--bpffs DIR] [--socket PATH] [--capture auto|socket|tc]
              [--uid UID --pod-name NAME --pod-namespace NS [--service-account SA]]
   pod remove (--netns PATH | --id NAME)
   pod list   [--json]
+  pod check  --id NAME
   stats      [--id NAME] [--json]
   status     [--json] [--cni-conf-dir DIR]
                         what this kernel supports and the paths sluice takes;
@@ -139,11 +140,12 @@ Result<Command> parse(const std::vector<std::string>& argv) {
   std::string noun = argv[a.i++];
   std::string verb;
   if (noun == "pod") {
-    if (a.done()) return usageError("pod needs a subcommand: add, remove or list");
+    if (a.done()) return usageError("pod needs a subcommand: add, remove, list or check");
     verb = argv[a.i++];
     if (verb == "add") cmd.verb = Verb::PodAdd;
     else if (verb == "remove") cmd.verb = Verb::PodRemove;
     else if (verb == "list") cmd.verb = Verb::PodList;
+    else if (verb == "check") cmd.verb = Verb::PodCheck;
     else return usageError("unknown pod subcommand '" + verb + "'");
   } else if (noun == "stats") {
     cmd.verb = Verb::Stats;
@@ -227,13 +229,26 @@ Result<Command> parse(const std::vector<std::string>& argv) {
   }
   // The node side is always on for the CLI: by default in its own netns.
   if (cmd.verb == Verb::PodAdd && !cmd.pod.nodeNetnsPath) cmd.pod.nodeNetnsPath = "";
+  if (cmd.verb == Verb::PodCheck && !cmd.id) return usageError("pod check needs --id NAME");
   if (cmd.verb == Verb::PodRemove && haveNetns == cmd.id.has_value())
     return usageError("pod remove needs exactly one of --netns PATH or --id NAME");
   return cmd;
 }
 
+std::string formatCheck(const agent::CheckReport& r) {
+  if (r.problems.empty()) return "pod " + r.id + ": intact\n";
+  std::string s = "pod " + r.id + ": " + std::to_string(r.problems.size()) + " problem(s)\n";
+  for (const auto& p : r.problems) s += "  " + p + "\n";
+  return s;
+}
+
 std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw,
-                          const IstioRulesByPod* istioRules) {
+                          const IstioRulesByPod* istioRules, const ProblemsByPod* problems) {
+  auto problemsOf = [problems](const PodInfo& p) -> const std::vector<std::string>* {
+    if (!problems) return nullptr;
+    auto it = problems->find(p.id);
+    return it == problems->end() ? nullptr : &it->second;
+  };
   auto istioOf = [istioRules](const PodInfo& p) -> std::string {
     if (!istioRules) return "";
     auto it = istioRules->find(p.id);
@@ -254,6 +269,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const Net
         j["net_raw_processes"] = procs;
       }
       if (istioRules) j["istio_rules"] = istioOf(p);
+      if (const auto* pr = problemsOf(p)) j["problems"] = *pr;
       arr.push_back(j);
     }
     return arr.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
@@ -263,6 +279,7 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const Net
       {"ID", "CAPTURE", "MODE", "DNS", "INBOUND", "INTERFACES", "POD", "UID", "NETNS", "HANDOFF"}};
   if (netRaw) rows[0].push_back("NET_RAW");
   if (istioRules) rows[0].push_back("ISTIO_RULES");
+  if (problems) rows[0].push_back("CHECK");
   for (const auto& p : pods) {
     std::string ifs;
     for (const auto& i : p.interfaces) ifs += (ifs.empty() ? "" : ",") + i;
@@ -284,6 +301,13 @@ std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const Net
       rows.back().push_back(raw);
     }
     if (istioRules) rows.back().push_back(istioOf(p));
+    if (problems) {
+      // "ok", or how many problems and the first (`pod check --id` lists all).
+      const auto* pr = problemsOf(p);
+      if (!pr) rows.back().push_back("?");
+      else if (pr->empty()) rows.back().push_back("ok");
+      else rows.back().push_back(std::to_string(pr->size()) + ": " + pr->front());
+    }
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& r : rows)
@@ -592,6 +616,7 @@ struct Backend {
   std::function<Result<std::string>(const Command&)> remove;  ///< by --id or --netns; the id removed
   std::function<Result<std::vector<PodInfo>>()> list;
   std::function<Result<std::vector<PodCounters>>(const std::optional<std::string>&)> stats;
+  std::function<Result<agent::CheckReport>(const std::string& id)> check;
 };
 
 Backend agentBackend(const Command& cmd, agent::Client& client) {
@@ -609,6 +634,7 @@ Backend agentBackend(const Command& cmd, agent::Client& client) {
       },
       [&client] { return client.listPods(); },
       [&client](const std::optional<std::string>& id) { return client.stats(id); },
+      [&client](const std::string& id) { return client.check(id); },
   };
 }
 
@@ -629,6 +655,16 @@ Backend directBackend(Datapath& dp) {
       },
       [&dp]() -> Result<std::vector<PodInfo>> { return dp.listPods(); },
       [&dp](const std::optional<std::string>& id) { return dp.stats(id); },
+      [&dp](const std::string& id) -> Result<agent::CheckReport> {
+        auto c = dp.checkPod(id);
+        SLUICE_TRY(c);
+        agent::CheckReport r;
+        r.id = c->id;
+        r.problems = c->problems;
+        if (c->gone) r.problems.insert(r.problems.begin(), "its netns is gone");
+        r.intact = r.problems.empty();
+        return r;
+      },
   };
 }
 
@@ -655,10 +691,12 @@ int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostrea
       if (!pods.ok()) return fail(pods.error());
       NetRawByPod netRaw;
       IstioRulesByPod istioRules;
+      ProblemsByPod problems;
       for (const auto& p : *pods) {
         auto ino = netnsInodeOf(p.netnsPath);
         auto procs = ino.ok() ? netRawProcesses(*ino) : Result<std::vector<NetRawProcess>>(ino.error());
         if (procs.ok()) netRaw[p.id] = std::move(*procs);
+        if (auto c = b.check(p.id); c.ok()) problems[p.id] = c->problems;
         // Istio's own redirection still in the pod: both at once.
         if (auto ns = openNetns(p.netnsPath); ns.ok()) {
           Status read = runInNetns(ns->get(), [&]() -> Status {
@@ -669,8 +707,14 @@ int execute(const Command& cmd, const Backend& b, std::ostream& out, std::ostrea
           if (!read.ok()) istioRules[p.id] = "cannot tell: " + read.error().message;
         }
       }
-      out << formatPodList(*pods, cmd.json, &netRaw, &istioRules);
+      out << formatPodList(*pods, cmd.json, &netRaw, &istioRules, &problems);
       return 0;
+    }
+    case Verb::PodCheck: {
+      auto r = b.check(*cmd.id);
+      if (!r.ok()) return fail(r.error());
+      out << formatCheck(*r);
+      return r->problems.empty() ? 0 : 1;
     }
     case Verb::Stats: {
       auto stats = b.stats(cmd.id);

@@ -18,7 +18,7 @@
 
 namespace sluice::cli {
 
-enum class Verb { Help, PodAdd, PodRemove, PodList, Stats, Status };
+enum class Verb { Help, PodAdd, PodRemove, PodList, PodCheck, Stats, Status };
 
 /// A parsed command line.
 struct Command {
@@ -65,8 +65,12 @@ using NetRawByPod = std::map<std::string, std::vector<NetRawProcess>>;
 /// Per pod id: Istio's in-pod redirection found in its netns ("none", or
 /// what is there: both redirections at once until Istio's is removed).
 using IstioRulesByPod = std::map<std::string, std::string>;
+/// Per pod id: what check found wrong (empty: intact), as `pod check` says it.
+using ProblemsByPod = std::map<std::string, std::vector<std::string>>;
 std::string formatPodList(const std::vector<PodInfo>& pods, bool json, const NetRawByPod* netRaw = nullptr,
-                          const IstioRulesByPod* istioRules = nullptr);
+                          const IstioRulesByPod* istioRules = nullptr, const ProblemsByPod* problems = nullptr);
+/// `pod check`: "pod ID: intact", or "pod ID: N problem(s)" and one line each.
+std::string formatCheck(const agent::CheckReport& r);
 std::string formatStats(const std::vector<PodCounters>& stats, bool json);
 
 /// What `sluicectl status` says about the pinned state's bpffs: whether it
