@@ -1,5 +1,6 @@
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <set>
 
 #include "enroll/context.h"
@@ -39,6 +40,12 @@ Result<ListenerSurvey> survey(PodContext& c) {
   SLUICE_TRY(all);
   const Settings& s = *c.settings;
   const PodPrograms& p = *c.programs;
+  ListenerSurvey out;
+  // Most often (a pod being enrolled) nothing listens on the proxy's ports
+  // yet: then no map is read.
+  if (std::none_of(all->begin(), all->end(),
+                   [&](const TcpListenerInfo& l) { return l.port == s.inboundPort || l.port == s.outboundPort; }))
+    return out;
   std::set<uint64_t> registered;
   for (uint16_t port : {s.outboundPort, s.inboundPort})
     for (int family : {AF_INET, AF_INET6})
@@ -46,7 +53,6 @@ Result<ListenerSurvey> survey(PodContext& c) {
         if (auto v = p.sockListeners.lookup(listenerKey(c.rec.netns_cookie, port, family, slot))) registered.insert(*v);
   auto identity = p.proxyIdentity.lookup(0);
   const bool cgroupCheck = identity && identity->cgroup_check;
-  ListenerSurvey out;
   for (const auto& l : *all) {
     if (l.port != s.inboundPort && l.port != s.outboundPort) continue;
     if (registered.count(l.cookie)) continue;
