@@ -18,7 +18,9 @@
 namespace sluice::istio {
 namespace {
 
-bool isIstioChain(const std::string& name) { return name.rfind("ISTIO_", 0) == 0; }
+// The chains a pod's redirection is made of; the node's SNAT chain.
+const std::set<std::string> kPodChains = {"ISTIO_OUTPUT", "ISTIO_PRERT"};
+const std::set<std::string> kNodeChains = {"ISTIO_POSTRT"};
 
 std::string joined(const std::set<std::string>& s) {
   std::string out;
@@ -26,15 +28,15 @@ std::string joined(const std::set<std::string>& s) {
   return out;
 }
 
-// ISTIO_* chains in `iptables-save` output: ":ISTIO_OUTPUT - [0:0]".
-std::set<std::string> chainsInSave(const std::string& text) {
+// Which of @p wanted are chains in `iptables-save` output: ":ISTIO_OUTPUT - [0:0]".
+std::set<std::string> chainsInSave(const std::string& text, const std::set<std::string>& wanted) {
   std::set<std::string> out;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line))
     if (line.size() > 1 && line[0] == ':') {
       std::string name = line.substr(1, line.find(' ') - 1);
-      if (isIstioChain(name)) out.insert(name);
+      if (wanted.count(name)) out.insert(name);
     }
   return out;
 }
@@ -47,7 +49,8 @@ bool legacyTablesInUse(const char* procFile) {
   return f && std::getline(f, line) && !line.empty();
 }
 
-void addSaved(Netfilter& nf, const std::string& label, const std::vector<std::string>& argv) {
+void addSaved(Netfilter& nf, const std::string& label, const std::vector<std::string>& argv,
+              const std::set<std::string>& wanted) {
   auto r = runCommand(argv);
   if (!r.ok()) {
     if (r.error().code != ENOENT) nf.unreadable.push_back(label + ": " + r.error().message);
@@ -57,14 +60,15 @@ void addSaved(Netfilter& nf, const std::string& label, const std::vector<std::st
     nf.unreadable.push_back(label + ": " + argv[0] + " exited " + std::to_string(r->exitCode));
     return;
   }
-  if (auto chains = chainsInSave(r->out); !chains.empty()) nf.found.push_back(label + ": " + joined(chains));
+  if (auto chains = chainsInSave(r->out, wanted); !chains.empty()) nf.found.push_back(label + ": " + joined(chains));
 }
 
-// The netfilter state of the calling netns: iptables' nft backend and
-// Istio's native tables through `nft list chains` (iptables-nft-save when
-// nft is not installed), the legacy backend through iptables-legacy-save
-// where the netns has legacy tables.
-Netfilter readNetfilter() {
+// Where the chains @p wanted are in the calling netns (and, with
+// @p nativeTables, Istio's own nftables tables): iptables' nft backend and
+// the native tables through `nft list chains` (iptables-nft-save when nft
+// is not installed), the legacy backend through iptables-legacy-save where
+// the netns has legacy tables.
+Netfilter readNetfilter(const std::set<std::string>& wanted, bool nativeTables) {
   Netfilter nf;
   auto nft = runCommand({"nft", "list", "chains"});
   if (nft.ok() && nft->exitCode == 0) {
@@ -78,37 +82,26 @@ Netfilter readNetfilter() {
       words >> w;
       if (w == "table") {
         words >> family >> table;
-        if (table.rfind("istio-ambient-", 0) == 0) native.insert(family + " " + table);
+        if (nativeTables && table.rfind("istio-ambient-", 0) == 0) native.insert(family + " " + table);
       } else if (w == "chain") {
         std::string name;
         words >> name;
-        if (isIstioChain(name) && (family == "ip" || family == "ip6")) byFamily[family].insert(name);
+        if (wanted.count(name) && (family == "ip" || family == "ip6")) byFamily[family].insert(name);
       }
     }
     if (byFamily.count("ip")) nf.found.push_back("iptables-nft IPv4: " + joined(byFamily["ip"]));
     if (byFamily.count("ip6")) nf.found.push_back("iptables-nft IPv6: " + joined(byFamily["ip6"]));
     if (!native.empty()) nf.found.push_back("nftables: " + joined(native));
   } else if (!nft.ok() && nft.error().code == ENOENT) {
-    addSaved(nf, "iptables-nft IPv4", {"iptables-nft-save"});
-    addSaved(nf, "iptables-nft IPv6", {"ip6tables-nft-save"});
+    addSaved(nf, "iptables-nft IPv4", {"iptables-nft-save"}, wanted);
+    addSaved(nf, "iptables-nft IPv6", {"ip6tables-nft-save"}, wanted);
   } else {
     nf.unreadable.push_back("nft list chains: " +
                             (nft.ok() ? "exited " + std::to_string(nft->exitCode) : nft.error().message));
   }
-  if (legacyTablesInUse("ip_tables_names")) addSaved(nf, "iptables-legacy IPv4", {"iptables-legacy-save"});
-  if (legacyTablesInUse("ip6_tables_names")) addSaved(nf, "iptables-legacy IPv6", {"ip6tables-legacy-save"});
+  if (legacyTablesInUse("ip_tables_names")) addSaved(nf, "iptables-legacy IPv4", {"iptables-legacy-save"}, wanted);
+  if (legacyTablesInUse("ip6_tables_names")) addSaved(nf, "iptables-legacy IPv6", {"ip6tables-legacy-save"}, wanted);
   return nf;
-}
-
-Netfilter onlyChains(Netfilter nf, const std::set<std::string>& names) {
-  Netfilter out;
-  out.unreadable = std::move(nf.unreadable);
-  for (auto& line : nf.found) {
-    bool keep = false;
-    for (const auto& n : names) keep |= line.find(n) != std::string::npos;
-    if (keep) out.found.push_back(line);
-  }
-  return out;
 }
 
 std::string describeLines(const std::vector<std::string>& lines, const std::vector<std::string>& unreadable) {
@@ -124,13 +117,7 @@ std::string PodRules::describe() const { return describeLines(rules.found, rules
 
 Result<PodRules> readPodRules() {
   PodRules p;
-  Netfilter nf = readNetfilter();
-  // In a pod: the redirection chains and Istio's native tables.
-  for (auto& line : nf.found)
-    if (line.find("ISTIO_OUTPUT") != std::string::npos || line.find("ISTIO_PRERT") != std::string::npos ||
-        line.rfind("nftables:", 0) == 0)
-      p.rules.found.push_back(line);
-  p.rules.unreadable = std::move(nf.unreadable);
+  p.rules = readNetfilter(kPodChains, true);
   return p;
 }
 
@@ -145,7 +132,7 @@ std::string NodeState::describe() const {
 
 NodeState readNodeState(const std::string& cniConfDir) {
   NodeState n;
-  n.snat = onlyChains(readNetfilter(), {"ISTIO_POSTRT"});
+  n.snat = readNetfilter(kNodeChains, false);
   auto sets = runCommand({"ipset", "list", "-t"});
   if (sets.ok() && sets->exitCode == 0) {
     std::istringstream in(sets->out);
