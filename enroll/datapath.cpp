@@ -336,9 +336,11 @@ Result<PodInfo> Datapath::updatePodSettings(const std::string& id, const Capture
   return after;
 }
 
-Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec) {
+Status Datapath::teardown(const std::string& id, const sluice_pod_record& rec, bool keepReturnPath) {
   PodContext c = contextFor(id, rec);
-  return undoPlan(planFor(rec, PlanFor::enrolled(rec)), c);
+  PlanFor what = PlanFor::enrolled(rec);
+  what.keepReturnPath = keepReturnPath;
+  return undoPlan(planFor(rec, what), c);
 }
 
 Status Datapath::reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held) {
@@ -354,6 +356,14 @@ Status Datapath::removePod(const std::string& id) {
   SLUICE_TRY(pod);
   Status st = teardown(id, pod->rec);
   if (st.ok()) spdlog::info("removed pod {}", id);
+  return st;
+}
+
+Status Datapath::removePodKeepingReturnPath(const std::string& id) {
+  auto pod = lockedPod(id);
+  SLUICE_TRY(pod);
+  Status st = teardown(id, pod->rec, true);
+  if (st.ok()) spdlog::info("removed pod {}, its return path left to Istio's node agent", id);
   return st;
 }
 

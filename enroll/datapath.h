@@ -126,6 +126,10 @@ class Datapath {
   /// rules, routes, sysctls and map entries go. A pod whose netns is gone is
   /// cleaned up too.
   Status removePod(const std::string& id);
+  /// removePod, leaving the pod's return path (policy rule and local
+  /// routes) in place: the pod goes back to Istio's node agent, whose
+  /// connmark restore routes replies by the same rule and table.
+  Status removePodKeepingReturnPath(const std::string& id);
 
   /// The id of the pod enrolled from netnsPath (same netns), if any.
   Result<std::string> podIdForNetns(const std::string& netnsPath);
@@ -206,7 +210,7 @@ class Datapath {
   /// The retried enrollment of a pod enrolled with the same settings: the
   /// hand-off again (a failure leaves the enrollment as it was).
   Result<PodInfo> retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook);
-  Status teardown(const std::string& id, const sluice_pod_record& rec);
+  Status teardown(const std::string& id, const sluice_pod_record& rec, bool keepReturnPath = false);
   /// teardown of a pod whose netns is gone and that still holds something
   /// a new enrollment needs (@p held: "its id", "address A"); says so.
   Status reapStale(const std::string& id, const sluice_pod_record& rec, const std::string& held);

@@ -25,6 +25,7 @@ namespace {
 
 // Rule 4's return path: replies with the return mark are delivered locally.
 void returnPath(Plan& plan, const PlanFor& what) {
+  if (what.keepReturnPath) return;
   for (int family : {AF_INET, AF_INET6}) {
     if (family == AF_INET6 && !what.ipv6) continue;
     plan.push_back(returnRuleStep(family));

@@ -14,6 +14,10 @@ struct PlanFor {
   bool ipv6 = false;      ///< the IPv6 rule and route (lo has IPv6; later: the record's routes)
   bool nodeSide = false;  ///< probe SNAT on the host-side veth
   bool handoff = false;   ///< hand the pod to the node proxy
+  /// Removal only: the return path's policy rule and local routes are left
+  /// in place (a hand-back to Istio's node agent, whose in-pod rules use
+  /// the same rule and table).
+  bool keepReturnPath = false;
   /// An enrolled pod's plan: what its record says it has.
   static PlanFor enrolled(const sluice_pod_record& rec);
 };

@@ -37,8 +37,11 @@ std::string findProgram(const std::string& name) {
 
 }  // namespace
 
-Result<CommandOutput> runCommand(const std::vector<std::string>& argv, std::chrono::milliseconds timeout) {
+Result<CommandOutput> runCommand(const std::vector<std::string>& argv, std::chrono::milliseconds timeout,
+                                 const std::string& input) {
   if (argv.empty()) return Error::msg("runCommand: no program", EINVAL);
+  // Written whole before the child reads: it must fit the pipe's buffer.
+  if (input.size() > 65536) return Error::msg(argv[0] + ": input of " + std::to_string(input.size()) + " bytes is over 64 KiB", E2BIG);
   const std::string prog = findProgram(argv[0]);
   if (prog.empty()) return Error::msg(argv[0] + ": not installed", ENOENT);
   int outPipe[2], errPipe[2];
@@ -46,10 +49,24 @@ Result<CommandOutput> runCommand(const std::vector<std::string>& argv, std::chro
   Fd outR(outPipe[0]), outW(outPipe[1]);
   if (::pipe2(errPipe, O_CLOEXEC) != 0) return Error::fromErrno(errno, "pipe");
   Fd errR(errPipe[0]), errW(errPipe[1]);
+  Fd inR, inW;
+  if (!input.empty()) {
+    int inPipe[2];
+    if (::pipe2(inPipe, O_CLOEXEC) != 0) return Error::fromErrno(errno, "pipe");
+    inR = Fd(inPipe[0]);
+    inW = Fd(inPipe[1]);
+    (void)::fcntl(inW.get(), F_SETPIPE_SZ, 65536);
+    ssize_t wrote = ::write(inW.get(), input.data(), input.size());
+    if (wrote != static_cast<ssize_t>(input.size())) return Error::fromErrno(wrote < 0 ? errno : EAGAIN, "write " + argv[0] + "'s input");
+    inW.reset();  // EOF after the input
+  }
 
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+  if (inR.valid())
+    posix_spawn_file_actions_adddup2(&fa, inR.get(), 0);
+  else
+    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
   posix_spawn_file_actions_adddup2(&fa, outW.get(), 1);
   posix_spawn_file_actions_adddup2(&fa, errW.get(), 2);
   std::vector<char*> args;
@@ -61,6 +78,7 @@ Result<CommandOutput> runCommand(const std::vector<std::string>& argv, std::chro
   if (rc != 0) return Error::fromErrno(rc, "run " + argv[0]);
   outW.reset();
   errW.reset();
+  inR.reset();
 
   CommandOutput r;
   const auto deadline = std::chrono::steady_clock::now() + timeout;

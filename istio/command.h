@@ -17,10 +17,12 @@ struct CommandOutput {
 };
 
 /// Runs @p argv (argv[0] looked up in PATH, then /usr/sbin and /sbin) with
-/// no stdin; killed after @p timeout (ETIMEDOUT). ENOENT when the program
+/// @p input on its stdin (at most 64 KiB; empty: /dev/null); killed after
+/// @p timeout (ETIMEDOUT). ENOENT when the program
 /// is not installed. The child starts in the calling thread's network
 /// namespace (a thread inside runInNetns runs it in that netns).
 Result<CommandOutput> runCommand(const std::vector<std::string>& argv,
-                                 std::chrono::milliseconds timeout = std::chrono::seconds(10));
+                                 std::chrono::milliseconds timeout = std::chrono::seconds(10),
+                                 const std::string& input = "");
 
 }  // namespace sluice::istio

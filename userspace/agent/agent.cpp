@@ -36,7 +36,9 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   // Another agent on the socket owns the state: never run two.
   if (auto other = Client::connect(options.socketPath, std::chrono::seconds(2)); other.ok())
     return Error::msg("another agent is already listening on " + options.socketPath, EADDRINUSE);
-  if (options.kube.enabled()) {
+  a->istio_ = std::make_unique<IstioSwitch>(options.istioSwitch, options.cniConfDir);
+  const bool handingBack = options.istioSwitch == IstioSwitchMode::HandBack;
+  if (options.kube.enabled() && !handingBack) {
     // Its token and CA are read before anything is loaded or pinned.
     auto k = KubeWiring::create(options.kube);
     SLUICE_TRY(k);
@@ -71,7 +73,9 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
   if (a->metricsFd_.valid()) a->metricsThread_ = std::thread([p = a.get()] { p->acceptLoop(p->metricsFd_.get(), true); });
   if (options.reconcileInterval.count() > 0) a->reconcileThread_ = std::thread([p = a.get()] { p->reconcileLoop(); });
-  if (!options.cniConfDir.empty()) {
+  if (options.istioSwitch != IstioSwitchMode::Off) a->istioThread_ = std::thread([p = a.get()] { p->istioLoop(); });
+  // Handing back, sluice-cni leaves the chain: nothing puts it back.
+  if (!options.cniConfDir.empty() && !handingBack) {
     cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket};
     auto watcher = cni::ConfWatcher::start(w, [p = a.get()](const cni::WatchEvent& e) { p->metrics_.cniConf(e.restored); });
     SLUICE_TRY(watcher);
@@ -121,6 +125,7 @@ void Agent::stop() {
   if (apiThread_.joinable()) apiThread_.join();
   if (metricsThread_.joinable()) metricsThread_.join();
   if (reconcileThread_.joinable()) reconcileThread_.join();
+  if (istioThread_.joinable()) istioThread_.join();
   reapConnections(true);
   // The node proxy keeps its pods' proxies across a dropped connection and
   // gets a snapshot from the next agent.

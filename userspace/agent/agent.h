@@ -15,6 +15,7 @@
 #include "loader/bpffs.h"
 #include "enroll/datapath.h"
 #include "base/fd.h"
+#include "userspace/agent/istio_switch.h"
 #include "userspace/agent/kube/wiring.h"
 #include "userspace/agent/metrics.h"
 #include "userspace/api/protocol.h"
@@ -41,6 +42,8 @@ struct AgentOptions {
   /// Kubernetes: which pods are in the mesh, running pods, annotations
   /// (kube/wiring.h); off unless in a pod or given --kube-api.
   KubeOptions kube;
+  /// A live switch with Istio's node agent (userspace/agent/istio_switch.h).
+  IstioSwitchMode istioSwitch = IstioSwitchMode::Off;
   /// Start even when the bpffs is private to the agent's mount namespace
   /// (every pin goes with it).
   bool allowPrivateBpffs = false;
@@ -101,6 +104,10 @@ class Agent {
   void serveApi(int fd);
   void serveMetrics(int fd);
   void reconcileLoop();
+  /// The Istio switch's sweep, every second until done, then every
+  /// reconcile interval.
+  void istioLoop();
+  void istioSweep();
   Health health();
   /// Why the agent is wedged ("" when it is not), without waiting on it.
   std::string wedged() const;
@@ -143,7 +150,7 @@ class Agent {
   Fd apiFd_, metricsFd_, stopFd_;  ///< stopFd_: eventfd that wakes the loops
   uint16_t metricsPort_ = 0;
   std::atomic<bool> stopping_{false};
-  std::thread apiThread_, metricsThread_, reconcileThread_;
+  std::thread apiThread_, metricsThread_, reconcileThread_, istioThread_;
   struct Conn {
     int fd = -1;
     bool metrics = false;  ///< served on the metrics listener
@@ -164,7 +171,8 @@ class Agent {
   std::string lastReconcileError_;  ///< under dpMu_
 
   std::unique_ptr<zds::Server> zds_;  ///< null without --ztunnel-socket
-  std::unique_ptr<KubeWiring> kube_;  ///< null without Kubernetes
+  std::unique_ptr<KubeWiring> kube_;  ///< null without Kubernetes (and while handing back)
+  std::unique_ptr<IstioSwitch> istio_;
   BpffsMount bpffsMount_;
   std::unique_ptr<cni::ConfWatcher> cniWatcher_;
 };

@@ -154,6 +154,14 @@ void Agent::serveApi(int fd) {
 }
 
 Result<json> Agent::dispatch(const Request& req) {
+  if (req.op == Op::Add && options_.istioSwitch == IstioSwitchMode::HandBack) {
+    // sluice-cni passes the pod on: Istio's node agent enrolls it.
+    AddResult r;
+    r.enrolled = false;
+    r.reason = "this node is being handed back to Istio's node agent (sluiced --istio-hand-back)";
+    r.pod.id = req.pod.id.empty() ? defaultPodId(req.pod.netnsPath) : req.pod.id;
+    return encodeAddResult(r);
+  }
   if (req.op == Op::Add && kube_) {
     // Asks the Kubernetes API first (up to seconds): not under dpMu_.
     auto r = kube_->add(req.pod);

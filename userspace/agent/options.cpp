@@ -14,6 +14,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--capture auto|socket|tc] [--tc-mode auto|tcx|legacy]
                [--cgroup DIR] [--pod-guard on|off] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH [--ztunnel-socket-takeover]] [--ztunnel-timeout-ms MS]
+               [--istio-takeover | --istio-hand-back]
                [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
                [Kubernetes flags, below]
@@ -44,6 +45,15 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            sluiced) serves that socket, wait until it stops
                            and then serve it (ztunnel reconnects by itself);
                            without it the agent refuses to start then
+  --istio-takeover         take this node over from Istio's node agent, live
+                           (needs Kubernetes and --ztunnel-socket; implies
+                           --ztunnel-socket-takeover): enroll the pods it
+                           redirects, then remove its in-pod rules, then its
+                           node state (deploy/README.md)
+  --istio-hand-back        give this node back to Istio's node agent once it
+                           runs again: each pod carrying its rules loses
+                           sluice's redirection (not its return path); no ZDS,
+                           no Kubernetes enrollment, sluice-cni leaves the chain
   --ztunnel-timeout-ms MS  ZDS deadlines: hello, request write, ack read, idle
                            check interval (default 5000)
   --allow-private-bpffs    start even when the bpffs is private to the agent's
@@ -94,6 +104,13 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     }
     if (flag == "--ztunnel-socket-takeover") {
       d.agent.ztunnelTakeover = true;
+      continue;
+    }
+    if (flag == "--istio-takeover" || flag == "--istio-hand-back") {
+      auto mode = flag == "--istio-takeover" ? IstioSwitchMode::Takeover : IstioSwitchMode::HandBack;
+      if (d.agent.istioSwitch != IstioSwitchMode::Off && d.agent.istioSwitch != mode)
+        return usageError("--istio-takeover and --istio-hand-back contradict each other");
+      d.agent.istioSwitch = mode;
       continue;
     }
     static const char* withValue[] = {"--bpffs", "--socket", "--metrics-address", "--log-format", "--log-level",
@@ -172,6 +189,13 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     return usageError("--cni-agent-socket needs --cni-conf-dir");
   if (d.agent.ztunnelTakeover && d.agent.ztunnelSocket.empty())
     return usageError("--ztunnel-socket-takeover needs --ztunnel-socket");
+  if (d.agent.istioSwitch == IstioSwitchMode::Takeover) {
+    if (!d.agent.kube.enabled())
+      return usageError("--istio-takeover needs Kubernetes (in a pod, or --kube-api): only the API names the pods "
+                        "Istio enrolled and their uids");
+    if (d.agent.ztunnelSocket.empty()) return usageError("--istio-takeover needs --ztunnel-socket");
+    d.agent.ztunnelTakeover = true;  // Istio's agent serves the socket until it stops
+  }
   return d;
 }
 

@@ -46,6 +46,8 @@ Result<PodInfo> Agent::addLocked(PodSpec spec, bool handOffFatal) {
   }
   SLUICE_TRY(info);
   metrics_.addLatency(secondsSince(t));
+  // Taking over from Istio's node agent: its rules leave once ours are in.
+  istio_->afterAdd(*info);
   return info;
 }
 
@@ -118,6 +120,12 @@ AgentDataplane Agent::kubeDataplane() {
     DpGuard g(*this);
     return dp_->listPods();
   };
+  d.admit = [this](const std::string& netnsPath, const std::string& who) {
+    return istio_->admitRunning(netnsPath, who);
+  };
+  d.servedByIstio = [this](const std::string& id) {
+    return istio_->tookOver(id) && zds_ && !zds_->waiting().empty();
+  };
   d.update = [this](const std::string& id, const CaptureSettings& s) {
     DpGuard g(*this);
     return dp_->updatePodSettings(id, s);
@@ -129,6 +137,11 @@ AgentDataplane Agent::kubeDataplane() {
 // cgroups learned from its connections; without it, the mark alone.
 Status Agent::startZds() {
   const AgentOptions& options = options_;
+  if (options.istioSwitch == IstioSwitchMode::HandBack) {
+    // ztunnel is Istio's node agent's again: no snapshot, no DelWorkload.
+    spdlog::info("handing the node back to Istio's node agent: ZDS{} not served", options.ztunnelSocket.empty() ? "" : " (" + options.ztunnelSocket + ")");
+    return {};
+  }
   if (!options.ztunnelSocket.empty()) {
     // The node proxy connects when it likes; the agent only listens.
     zds::ServerOptions zo;

@@ -41,6 +41,32 @@ void Agent::reconcileLoop() {
   }
 }
 
+void Agent::istioLoop() {
+  std::unique_lock<std::mutex> lk(sweepMu_);
+  while (!stopping_) {
+    lk.unlock();
+    istioSweep();
+    lk.lock();
+    const bool done = istio_->status().ends_with(": done");
+    if (done && options_.reconcileInterval.count() == 0) return;
+    sweepCv_.wait_for(lk, done ? options_.reconcileInterval : std::chrono::milliseconds(1000),
+                      [this] { return stopping_.load(); });
+  }
+}
+
+void Agent::istioSweep() {
+  IstioSwitch::Registry r;
+  r.list = [this] {
+    DpGuard g(*this);
+    return dp_->listPods();
+  };
+  r.handBack = [this](const std::string& id) {
+    DpGuard g(*this);
+    return dp_->removePodKeepingReturnPath(id);
+  };
+  istio_->sweep(r, zds_ && !zds_->waiting().empty());
+}
+
 ReconcileReport Agent::reconcileNow() {
   DpGuard g(*this);
   std::map<std::string, std::string> uids;  // of the pods the sweep may remove
@@ -94,6 +120,7 @@ Health Agent::health() {
     h.kubeApi = kube_->apiDescription();
     h.kubeSynced = kube_->ready();
   }
+  h.istio = istio_->status();
   h.bpffsScope = bpffsMount_.outlivesNamespace ? "host" : "private";
   h.bpffsScopeWhy = bpffsMount_.why;
   return h;

@@ -324,6 +324,7 @@ json encodeHealth(const Health& h) {
           {"reconciles", h.reconciles}, {"last_reconcile_error", h.lastReconcileError},
           {"ztunnel_socket", h.ztunnelSocket}, {"ztunnel_connections", h.ztunnelConnections},
           {"ztunnel_waiting", h.ztunnelWaiting},
+          {"istio", h.istio},
           {"kube_api", h.kubeApi}, {"kube_synced", h.kubeSynced},
           {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
 }
@@ -343,6 +344,7 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(str(j, "ztunnel_socket", h.ztunnelSocket));
   SLUICE_TRY(num(j, "ztunnel_connections", h.ztunnelConnections));
   if (j.contains("ztunnel_waiting")) SLUICE_TRY(str(j, "ztunnel_waiting", h.ztunnelWaiting));  // newer agents
+  if (j.contains("istio")) SLUICE_TRY(str(j, "istio", h.istio));
   SLUICE_TRY(str(j, "kube_api", h.kubeApi));
   SLUICE_TRY(flag(j, "kube_synced", h.kubeSynced));
   SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));

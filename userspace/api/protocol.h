@@ -75,6 +75,10 @@ struct Health {
   /// Non-empty while another node agent serves ztunnelSocket and this one
   /// waits for it to stop (--ztunnel-socket-takeover): what it waits for.
   std::string ztunnelWaiting;
+  /// A switch with Istio's node agent (--istio-takeover, --istio-hand-back):
+  /// "takeover: done", "takeover: N pod(s) not switched yet; …",
+  /// "hand-back: …"; "" when neither runs.
+  std::string istio;
   std::string kubeApi;              ///< "" without Kubernetes; "in cluster" or the URL
   bool kubeSynced = false;          ///< caches listed, start-up reconciliation done
   /// "host": the bpffs outlives the agent's mount namespace; "private": it

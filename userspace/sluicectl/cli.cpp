@@ -468,6 +468,14 @@ std::string describePrograms(const PinnedProgramsInfo& p) {
                       : "another build's: this build loads and pins its own on its next pod command");
 }
 
+// What a takeover does, in its order (userspace/agent/istio_switch.h).
+const char* const kTakeoverWould =
+    "sluiced --istio-takeover would: wait while Istio's agent serves the ZDS socket; enroll each ambient pod it "
+    "redirects with its uid (sluice's redirection first, so ztunnel keeps its proxies), then remove Istio's in-pod "
+    "rules (the connmark restore once the connections opened under them closed); once Istio's agent has stopped, "
+    "serve ZDS, then remove ISTIO_POSTRT and the probe sets (when every address in them is an enrolled pod's) and "
+    "istio-cni from each chain that has sluice-cni";
+
 // What Istio's node agent left on this node, and what that means here.
 std::string describeIstioNode(const istio::NodeState& n) {
   if (!n.any()) {
@@ -477,7 +485,7 @@ std::string describeIstioNode(const istio::NodeState& n) {
   }
   return "ITS STATE IS HERE: " + n.describe() +
          " (Istio's agent runs this node, or ran it: pods it enrolled carry its in-pod rules; `pod list` shows "
-         "them for sluice's pods)";
+         "them for sluice's pods). " + kTakeoverWould;
 }
 
 std::string describeAgentKube(const agent::Health& h) {
@@ -552,7 +560,8 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                       {"bpffs_scope", bpffs->agent->bpffsScope},
                       {"bpffs_scope_why", bpffs->agent->bpffsScopeWhy},
                       {"kube_api", bpffs->agent->kubeApi},
-                      {"kube_synced", bpffs->agent->kubeSynced}};
+                      {"kube_synced", bpffs->agent->kubeSynced},
+                      {"istio_switch", bpffs->agent->istio}};
     }
     if (istioNode)
       j["istio_node_agent"] = {{"present", istioNode->any()},
@@ -589,6 +598,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
     o << "agent              "
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
     if (bpffs->agent) o << "kubernetes         " << describeAgentKube(*bpffs->agent) << "\n";
+    if (bpffs->agent && !bpffs->agent->istio.empty()) o << "istio switch       " << bpffs->agent->istio << "\n";
   }
   if (istioNode) o << "istio node agent   " << describeIstioNode(*istioNode) << "\n";
   o << "\nfeatures:\n";

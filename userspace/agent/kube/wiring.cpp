@@ -168,7 +168,9 @@ Result<kube::EnrollOutcome> KubeWiring::enroll(const kube::PodRef& pod, const ku
   spec.ips = pod.ips;
   spec.identity = identityOf(pod);
   spec.id = livePodId(pod.uid);
-  if (auto have = findByUid(pod.uid)) {
+  auto have = findByUid(pod.uid);
+  if (!have && dp_.admit) SLUICE_TRY(dp_.admit(loc.path, who(pod)));
+  if (have) {
     if (have->netnsCookie != *cookie) {
       spdlog::info("kube: pod {} (uid {}) runs in another network namespace than its enrollment {} ({}); moving it",
                    who(pod), pod.uid, have->id, have->netnsPath);
@@ -190,7 +192,11 @@ Result<kube::EnrollOutcome> KubeWiring::enroll(const kube::PodRef& pod, const ku
     return Error::msg("pod " + who(pod) + ": " + loc.path + " names another network namespace now (the process exited)",
                       ESTALE);
   }
-  return info->handoff == HandoffState::Failed ? kube::EnrollOutcome::Pending : kube::EnrollOutcome::Enabled;
+  // Taken over from Istio's node agent while it still has ztunnel: its
+  // annotation stays "enabled" (istiod reads it as captured).
+  if (info->handoff == HandoffState::Failed && !(dp_.servedByIstio && dp_.servedByIstio(info->id)))
+    return kube::EnrollOutcome::Pending;
+  return kube::EnrollOutcome::Enabled;
 }
 
 Status KubeWiring::updateSettings(const kube::PodRef& pod, const kube::PodSettings& s) {

@@ -43,6 +43,13 @@ struct AgentDataplane {
   std::function<std::vector<PodInfo>()> list;
   /// Datapath::updatePodSettings.
   std::function<Result<PodInfo>(const std::string& id, const CaptureSettings&)> update;
+  /// Whether a running pod not enrolled yet may be (its netns, "ns/name"):
+  /// an error says why not (Istio's node agent redirects it). May be empty.
+  std::function<Status(const std::string& netnsPath, const std::string& who)> admit;
+  /// Whether pod @p id's failed hand-off only means that ztunnel is still
+  /// connected to Istio's node agent, which handed it this pod: it serves
+  /// it, and the snapshot of the takeover keeps it. May be empty.
+  std::function<bool(const std::string& id)> servedByIstio;
 };
 
 /// The registry id of a running pod the controller enrolls ("k8s-" + uid);

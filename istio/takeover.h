@@ -1,0 +1,74 @@
+// Taking a node over from Istio's node agent (istio-cni), live: what of its
+// state sluice removes once its own redirection covers the same pods, and
+// in what order (docs/istio-switch.md).
+//
+// In a pod (after sluice's redirection is in place): first everything that
+// redirects or marks new connections — the nat and raw chains and mangle's
+// ISTIO_PRERT (the connmark 0x111 on the proxy's inbound connections) —
+// in one iptables-restore per family (atomic per table); then, once no
+// connection the proxy opened under Istio's rules is still open (conntrack
+// entries with connmark 0x111 that are not closing), mangle's ISTIO_OUTPUT,
+// whose connmark restore routes those connections' replies back to the
+// proxy. Until then it stays, and the sweep asks again.
+//
+// A layout it does not know (an ISTIO_ chain jumped to from a chain that is
+// not built in, a jump from an ISTIO_ chain to a chain not Istio's) is left
+// exactly as it was, and the answer says why.
+//
+// The policy rule "fwmark 0x111/0xfff lookup 100" and table 100's local
+// routes are sluice's return path too: never removed here.
+#pragma once
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/result.h"
+
+namespace sluice::istio {
+
+/// What removing Istio's in-pod rules did in one netns.
+struct PodRulesRemoval {
+  std::vector<std::string> removed;  ///< "iptables-nft IPv4 nat: ISTIO_OUTPUT, ISTIO_PRERT", ...
+  /// What stays for now, and why (one line each): the connmark restore while
+  /// connections from before are open. The caller asks again later.
+  std::vector<std::string> waiting;
+  bool done() const { return waiting.empty(); }
+};
+
+/// Removes Istio's in-pod redirection in the calling thread's netns, as the
+/// header says. Idempotent: nothing there, nothing done. Errors (an unknown
+/// layout, a program failing): that backend and family left as they were.
+Result<PodRulesRemoval> removePodRules();
+
+/// TCP connections in the calling thread's netns whose conntrack entry has
+/// connmark 0x111/0xfff and is not closing (TIME_WAIT, CLOSE): the proxy's
+/// inbound connections that Istio's mangle rules mark.
+Result<size_t> openReturnMarkedConnections();
+
+/// What removing Istio's node side did.
+struct NodeRemoval {
+  std::vector<std::string> removed;  ///< one line each
+  std::vector<std::string> kept;     ///< left as they were, and why
+};
+
+/// Removes Istio's node side in the calling thread's netns (the node's):
+/// ISTIO_POSTRT (its SNAT of kubelet probes) when every address of the
+/// istio-inpod-probes sets is in @p covered (pods whose probes sluice's
+/// node side translates now), then those sets; and, in @p cniConfDir
+/// (when not empty), the istio-cni entry of every chain that also has
+/// sluice-cni (a chain without it keeps istio-cni: a pod must never start
+/// with neither). Idempotent.
+Result<NodeRemoval> removeNodeState(const std::set<std::string>& covered, const std::string& cniConfDir);
+
+/// Addresses in the node's istio-inpod-probes-v4/-v6 sets (empty when none).
+Result<std::set<std::string>> probeSetAddresses();
+
+/// Removes the plugin entries of @p type from every chain in @p cniConfDir
+/// whose chain also has @p unless (empty: unconditionally) and keeps at
+/// least one other plugin. Each file replaced atomically. The files
+/// changed.
+Result<std::vector<std::string>> removeCniEntries(const std::string& cniConfDir, const std::string& type,
+                                                  const std::string& unless);
+
+}  // namespace sluice::istio
