@@ -117,6 +117,7 @@ TEST(IstioNodeState, ProbeSetsSnatAndCniEntryAreFoundAndStatusSaysSo) {
                                    "--cni-conf-dir", cni.path()});
   EXPECT_EQ(text.exitCode, 0) << text.describe();
   EXPECT_NE(text.out.find("istio node agent   ITS STATE IS HERE: "), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("sluiced --istio-takeover would: wait while Istio's agent serves the ZDS socket"), std::string::npos) << text.out;
   EXPECT_NE(text.out.find("istio-cni in " + cni.file("10-primary.conflist")), std::string::npos) << text.out;
   CommandResult json = runCommand({"ip", "netns", "exec", node.name(), builtBinary("sluicectl"), "status", "--json",
                                    "--cni-conf-dir", cni.path()});

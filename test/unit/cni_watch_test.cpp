@@ -303,5 +303,37 @@ TEST(CniWatchOptions, AgentFlags) {
   }
 }
 
+// The switch with Istio's node agent: takeover needs the API (it names the
+// pods and their uids) and ZDS, and waits for Istio's agent's socket.
+TEST(IstioSwitchOptions, AgentFlags) {
+  auto env = [](const char*) -> std::optional<std::string> { return std::nullopt; };
+  const std::vector<std::string> kube = {"--kube-api", "https://127.0.0.1:6443", "--kube-token-file", "/t",
+                                         "--kube-ca-file", "/c", "--node-name", "n"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> a = kube;
+    a.insert(a.end(), extra.begin(), extra.end());
+    return agent::parseDaemonArgs(a, env);
+  };
+  auto t = with({"--ztunnel-socket", "/z.sock", "--istio-takeover"});
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_EQ(t->agent.istioSwitch, agent::IstioSwitchMode::Takeover);
+  EXPECT_TRUE(t->agent.ztunnelTakeover);
+  auto h = agent::parseDaemonArgs({"--istio-hand-back"}, env);
+  ASSERT_TRUE(h.ok()) << h.error().message;
+  EXPECT_EQ(h->agent.istioSwitch, agent::IstioSwitchMode::HandBack);
+  EXPECT_EQ(agent::parseDaemonArgs({}, env).value().agent.istioSwitch, agent::IstioSwitchMode::Off);
+
+  auto noKube = agent::parseDaemonArgs({"--ztunnel-socket", "/z.sock", "--istio-takeover"}, env);
+  ASSERT_FALSE(noKube.ok());
+  EXPECT_EQ(noKube.error().message.rfind("--istio-takeover needs Kubernetes (in a pod, or --kube-api)", 0), 0u)
+      << noKube.error().message;
+  auto noZds = with({"--istio-takeover"});
+  ASSERT_FALSE(noZds.ok());
+  EXPECT_EQ(noZds.error().message, "--istio-takeover needs --ztunnel-socket (see sluiced --help)");
+  auto both = with({"--ztunnel-socket", "/z.sock", "--istio-takeover", "--istio-hand-back"});
+  ASSERT_FALSE(both.ok());
+  EXPECT_EQ(both.error().message, "--istio-takeover and --istio-hand-back contradict each other (see sluiced --help)");
+}
+
 }  // namespace
 }  // namespace sluice::cni

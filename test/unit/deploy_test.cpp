@@ -107,6 +107,8 @@ TEST_F(DeployManifest, AgentImageArgsAndReadiness) {
   EXPECT_EQ(flag("--socket"), "/var/run/sluice/agent.sock");
   EXPECT_EQ(flag("--log-format"), "json");
   EXPECT_EQ(flag("--metrics-address"), "127.0.0.1:9464");
+  // A live node of Istio's is taken over, never shared.
+  EXPECT_NE(std::find(args.begin(), args.end(), "--istio-takeover"), args.end());
   for (const char* probe : {"readinessProbe", "livenessProbe"}) {
     const auto& get = agent[probe]["httpGet"];
     EXPECT_EQ(get["host"], "127.0.0.1") << probe;
