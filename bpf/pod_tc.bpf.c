@@ -433,10 +433,17 @@ static __always_inline int inbound_captured(const struct ctx *c)
  * app, every cookie handshake would be reset. No proxy listener: dropped
  * and counted (fail closed), never the app's.
  *
+ * While Istio's in-pod rules are there too (a node switching between
+ * Istio's node agent and sluice), its REDIRECT translated the SYN to 15006
+ * after this hook: the connection's socket is at the inbound port, and its
+ * segments, found there, are handed to it (the translation then brings
+ * their header to that port). A crafted segment can reach only a
+ * connection to 15006 of its own source, never the app.
+ *
  * The price is a socket lookup for each inbound TCP segment of a pod
  * whose inbound traffic is captured (iptables' TPROXY path does the same
- * per packet). Reroute interfaces, where only SYNs are captured (to
- * 15001), keep the old rule.
+ * per packet), two for a segment no socket owns. Reroute interfaces,
+ * where only SYNs are captured (to 15001), keep the old rule.
  */
 static __always_inline int ingress_later(struct ctx *c)
 {
@@ -450,6 +457,13 @@ static __always_inline int ingress_later(struct ctx *c)
 	if (sk) {
 		bpf_sk_release(sk);
 		return pass(c);
+	}
+	sk = owner_at_port(c->skb, &c->f, c->cfg->inbound_port);
+	if (sk) {
+		if (assign_release(c->skb, sk))
+			return drop(c);
+		SLUICE_COUNT(c->cookie, owned_pkts);
+		return SLUICE_NEXT;
 	}
 	if (to_listener(c, c->f.daddr, c->cfg->inbound_port) < 0)
 		return TC_ACT_SHOT;

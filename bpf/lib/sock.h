@@ -52,6 +52,25 @@ static __always_inline struct bpf_sock *owner_lookup(struct __sk_buff *skb, cons
 	return sk;
 }
 
+/*
+ * The socket that owns f's connection had its destination port been port
+ * (host byte order): where a NAT in the pod's netns -- Istio's REDIRECT to
+ * 15006, while a node switches between Istio's node agent and sluice --
+ * keeps it. Not a listener.
+ */
+static __always_inline struct bpf_sock *owner_at_port(struct __sk_buff *skb, const struct flow *f, __u16 port)
+{
+	struct bpf_sock_tuple t;
+	__u32 len = tuple_build(&t, f, f->daddr, bpf_htons(port));
+	struct bpf_sock *sk = bpf_skc_lookup_tcp(skb, &t, len, BPF_F_CURRENT_NETNS, 0);
+
+	if (sk && sk->state == BPF_TCP_LISTEN) {
+		bpf_sk_release(sk);
+		return 0;
+	}
+	return sk;
+}
+
 /* The TCP listener on daddr:port (host byte order port), if any. */
 static __always_inline struct bpf_sock *listener_lookup(struct __sk_buff *skb, const struct flow *f,
 							const __u32 *daddr, __u16 port)

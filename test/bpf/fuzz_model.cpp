@@ -243,9 +243,12 @@ NatClient natClient(const IpAddr& a, uint16_t port, uint8_t proto) {
 
 // A local socket owns the packet's flow as its receiver: its local end is
 // the destination and its peer the source. Listeners never do.
-bool owned(const Env& env, const View& v) {
+// A local socket owns v's connection (at @p port instead of v's
+// destination port, when given: where a NAT in the pod keeps it).
+bool owned(const Env& env, const View& v, uint16_t port = 0) {
+  const uint16_t local = port ? port : v.dport;
   for (const Conn& c : env.conns)
-    if (c.local == v.dst && c.localPort == v.dport && c.peer == v.src && c.peerPort == v.sport) return true;
+    if (c.local == v.dst && c.localPort == local && c.peer == v.src && c.peerPort == v.sport) return true;
   return false;
 }
 
@@ -398,6 +401,8 @@ Prediction ingress(const View& v, const Bytes& frame, uint32_t mark, const Env& 
   // Rule 6, a later segment: a local socket's if one owns its connection;
   // one no socket owns (a SYN-cookie ACK, a stray) goes where its SYN would.
   if (owned(env, v)) return o.next("rule 6: a later segment goes to the socket that owns it");
+  if (owned(env, v, kInboundPort))
+    return o.handOff("rule 6: a later segment of a connection a NAT in the pod keeps at 15006");
   return env.listeners ? o.handOff("rule 6: a segment no socket owns (SYN cookie) to 15006")
                        : o.drop("rule 6: a segment no socket owns, no 15006 listener");
 }
