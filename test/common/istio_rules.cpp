@@ -39,9 +39,22 @@ table inet istio-ambient-raw {
 }
 )";
 
+// istio-cni's AddInpodMarkIPRule and AddLoopbackRoutes
+// (cni/pkg/iptables/iptables_linux.go): RuleAdd with EEXIST ignored, the
+// routes replaced. Unlike istio-inpod-route.sh, an existing rule stays.
+const char* kRouteAddIfMissing =
+    "set -e; "
+    "ip rule add fwmark 0x111/0xfff pref 32764 lookup 100 2>/dev/null || "
+    "ip rule show | grep -q \"^32764:.*fwmark 0x111/0xfff lookup 100\"; "
+    "ip route replace local 0.0.0.0/0 dev lo table 100; "
+    "if [ \"$(cat /proc/sys/net/ipv6/conf/lo/disable_ipv6 2>/dev/null)\" = 0 ]; then "
+    "ip -6 rule add fwmark 0x111/0xfff pref 32764 lookup 100 2>/dev/null || "
+    "ip -6 rule show | grep -q \"^32764:.*fwmark 0x111/0xfff lookup 100\"; "
+    "ip -6 route replace local ::/0 dev lo table 100; fi";
+
 }  // namespace
 
-Status applyIstioInpod(const TestNetns& ns, IstioBackend backend, bool ipv6) {
+Status applyIstioInpod(const TestNetns& ns, IstioBackend backend, bool ipv6, IstioRule rule) {
   const std::string dir = rulesDir();
   switch (backend) {
     case IstioBackend::IptablesNft:
@@ -59,7 +72,8 @@ Status applyIstioInpod(const TestNetns& ns, IstioBackend backend, bool ipv6) {
       break;
     }
   }
-  return inNs(ns, "sh " + dir + "/istio-inpod-route.sh");
+  if (rule == IstioRule::Replace) return inNs(ns, "sh " + dir + "/istio-inpod-route.sh");
+  return inNs(ns, kRouteAddIfMissing);
 }
 
 Status applyIstioNode(const TestNetns& node, const std::vector<std::string>& podIps) {

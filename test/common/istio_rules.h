@@ -14,9 +14,19 @@ namespace sluice::test {
 
 enum class IstioBackend { IptablesNft, IptablesLegacy, Nftables };
 
+/// How the policy rule of table 100 is written.
+enum class IstioRule {
+  /// test/bench/istio/istio-inpod-route.sh: deleted, then added (a moment
+  /// without it; fine on a pod nothing serves yet).
+  Replace,
+  /// istio-cni's own way (netlink RuleAdd, EEXIST ignored; routes replaced):
+  /// a rule already there, sluice's included, is never gone for a moment.
+  AddIfMissing,
+};
+
 /// Istio's in-pod rules in @p ns (IPv6 too when @p ipv6), and its policy
 /// rule and local routes of table 100, as istio-cni writes them.
-Status applyIstioInpod(const TestNetns& ns, IstioBackend backend, bool ipv6);
+Status applyIstioInpod(const TestNetns& ns, IstioBackend backend, bool ipv6, IstioRule rule = IstioRule::Replace);
 
 /// Istio's node side in @p node: the probe ipsets with @p podIps and the
 /// ISTIO_POSTRT SNAT rules (iptables-nft), as istio-cni keeps them.
