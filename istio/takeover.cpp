@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <linux/netfilter/nf_conntrack_common.h>
 #include <linux/netfilter/nf_conntrack_tcp.h>
 #include <linux/netfilter/nfnetlink.h>
 #include <linux/netfilter/nfnetlink_conntrack.h>
@@ -12,6 +13,7 @@
 #include <algorithm>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <sstream>
 
@@ -118,32 +120,43 @@ Result<std::string> removalScript(const std::string& name, const SavedTable& t, 
 }
 
 // One iptables backend and family: what it has of @p wanted goes (but the
-// chains in @p keepByTable), atomically per table.
+// chains in @p keepByTable), atomically per table, in one iptables-restore.
+// Every table is judged before anything changes: an unknown layout in one
+// leaves all of them as they were. Order: raw, mangle, then nat, so that
+// until the last step Istio's REDIRECT still answers what sluice's
+// redirection has not taken yet (tc mode's DNS is lost while Istio's raw
+// or connmark rules are there without its nat rules). nat's built-in
+// chains stay, even empty: the NAT hooks they keep registered translate the
+// connections Istio's REDIRECT opened until they close.
 Status removeFromBackend(const std::string& save, const std::string& restore, const std::string& label,
-                         const std::set<std::string>& wanted, const std::map<std::string, std::set<std::string>>& keepByTable,
+                         const std::set<std::string>& wanted,
+                         const std::map<std::string, std::set<std::string>>& keepByTable,
                          std::vector<std::string>& removed, std::vector<std::string>& kept) {
   auto out = runCommand({save});
   if (!out.ok()) return out.error().code == ENOENT ? Status{} : Status(out.error());
   if (out->exitCode != 0) return Error::msg(label + ": " + save + " exited " + std::to_string(out->exitCode), EIO);
-  std::string script;
+  const auto tables = parseSave(out->out);
+  std::map<std::string, std::string> scripts;
   std::vector<std::string> lines;
-  for (const auto& [name, table] : parseSave(out->out)) {
-    static const std::set<std::string> none;
+  static const std::set<std::string> none;
+  for (const auto& [name, table] : tables) {
     auto k = keepByTable.find(name);
     const auto& keep = k == keepByTable.end() ? none : k->second;
     std::vector<std::string> chains;
     auto s = removalScript(name, table, wanted, keep, chains);
     if (!s.ok()) return Error::msg(label + " " + s.error().message + ": left as it is", s.error().code);
-    script += *s;
-    if (!chains.empty()) lines.push_back(label + " " + name + ": " + joined(chains));
     for (const auto& c : keep)
       if (table.chains.count(c)) kept.push_back(label + " " + name + ": " + c);
+    if (chains.empty()) continue;
+    scripts[name] = *s;
+    lines.push_back(label + " " + name + ": " + joined(chains));
   }
+  std::string script;
+  for (const char* t : {"raw", "mangle", "nat"})
+    if (scripts.count(t)) script += scripts[t];
+  for (const auto& [name, text] : scripts)
+    if (name != "raw" && name != "mangle" && name != "nat") script += text;
   if (script.empty()) return {};
-  // nat first: parseSave's map orders tables by name (filter, mangle, nat,
-  // raw); every table is its own transaction, and the redirection goes
-  // with nat whichever runs first, as the new connections are sluice's
-  // already.
   auto r = runCommand({restore, "--noflush"}, std::chrono::seconds(10), script);
   SLUICE_TRY(r);
   if (r->exitCode != 0)
@@ -178,7 +191,8 @@ Status removeFromIptables(const std::set<std::string>& wanted,
 // Istio's native nftables tables (1.28+): nat and raw go; mangle goes
 // whole when no connection needs its restore, else only its prerouting
 // base chains (the connmark of new connections).
-Status removeNativeTables(bool keepRestore, std::vector<std::string>& removed, std::vector<std::string>& kept) {
+Status removeNativeTables(bool keepRestore, bool natInUse, std::vector<std::string>& removed,
+                          std::vector<std::string>& kept, std::vector<std::string>& natKept) {
   auto list = runCommand({"nft", "-j", "list", "tables"});
   if (!list.ok()) return list.error().code == ENOENT ? Status{} : Status(list.error());
   if (list->exitCode != 0) return Error::msg("nft list tables exited " + std::to_string(list->exitCode), EIO);
@@ -190,6 +204,13 @@ Status removeNativeTables(bool keepRestore, std::vector<std::string>& removed, s
     const std::string family = item["table"].value("family", ""), name = item["table"].value("name", "");
     if (name.rfind("istio-ambient-", 0) != 0) continue;
     const std::string table = family + " " + name;
+    if (name == "istio-ambient-nat" && natInUse) {
+      // Its base chains keep the NAT hooks, which translate the
+      // connections its redirect opened: emptied now, deleted once closed.
+      script += "flush table " + table + "\n";
+      natKept.push_back("nftables: " + table);
+      continue;
+    }
     if (name != "istio-ambient-mangle" || !keepRestore) {
       script += "delete table " + table + "\n";
       removed.push_back("nftables: " + table);
@@ -227,29 +248,48 @@ std::map<int, std::string> attributes(const char* data, size_t len) {
   return out;
 }
 
-// Whether one conntrack entry counts: connmark 0x111/0xfff, TCP, not closing.
-bool returnMarkedAndOpen(const char* payload, size_t len) {
+// What a conntrack entry says: its connmark, status bits, and whether it is
+// a TCP connection that is not closing (TIME_WAIT, CLOSE).
+struct CtEntry {
+  uint32_t mark = 0;
+  uint32_t status = 0;
+  bool openTcp = false;
+};
+
+CtEntry parseCtEntry(const char* payload, size_t len) {
+  CtEntry e;
   auto attrs = attributes(payload, len);
-  auto mark = attrs.find(CTA_MARK);
-  if (mark == attrs.end() || mark->second.size() < 4) return false;
-  uint32_t m;
-  std::memcpy(&m, mark->second.data(), 4);
-  if ((ntohl(m) & kIstioConnmarkMask) != kIstioConnmark) return false;
+  if (auto m = attrs.find(CTA_MARK); m != attrs.end() && m->second.size() >= 4) {
+    uint32_t v;
+    std::memcpy(&v, m->second.data(), 4);
+    e.mark = ntohl(v);
+  }
+  if (auto st = attrs.find(CTA_STATUS); st != attrs.end() && st->second.size() >= 4) {
+    uint32_t v;
+    std::memcpy(&v, st->second.data(), 4);
+    e.status = ntohl(v);
+  }
   auto proto = attrs.find(CTA_PROTOINFO);
-  if (proto == attrs.end()) return false;  // not TCP
+  if (proto == attrs.end()) return e;  // not TCP
   auto p = attributes(proto->second.data(), proto->second.size());
   auto tcp = p.find(CTA_PROTOINFO_TCP);
-  if (tcp == p.end()) return false;
+  if (tcp == p.end()) return e;
   auto t = attributes(tcp->second.data(), tcp->second.size());
   auto state = t.find(CTA_PROTOINFO_TCP_STATE);
-  if (state == t.end() || state->second.empty()) return true;
-  auto s = static_cast<uint8_t>(state->second[0]);
-  return s != TCP_CONNTRACK_TIME_WAIT && s != TCP_CONNTRACK_CLOSE;
+  if (state == t.end() || state->second.empty()) {
+    e.openTcp = true;
+    return e;
+  }
+  auto v = static_cast<uint8_t>(state->second[0]);
+  e.openTcp = v != TCP_CONNTRACK_TIME_WAIT && v != TCP_CONNTRACK_CLOSE;
+  return e;
 }
 
-}  // namespace
+// Open TCP connections in the calling thread's netns whose conntrack entry
+// @p counts.
+Result<size_t> countConntrack(const std::function<bool(const CtEntry&)>& counts);
 
-Result<size_t> openReturnMarkedConnections() {
+Result<size_t> countConntrack(const std::function<bool(const CtEntry&)>& counts) {
   Fd sock(::socket(AF_NETLINK, SOCK_RAW | SOCK_CLOEXEC, NETLINK_NETFILTER));
   if (!sock.valid()) return Error::fromErrno(errno, "conntrack netlink socket");
   struct {
@@ -278,21 +318,39 @@ Result<size_t> openReturnMarkedConnections() {
       }
       const char* payload = static_cast<const char*>(NLMSG_DATA(h)) + NLMSG_ALIGN(sizeof(nfgenmsg));
       const size_t len = h->nlmsg_len - NLMSG_LENGTH(NLMSG_ALIGN(sizeof(nfgenmsg)));
-      if (returnMarkedAndOpen(payload, len)) count++;
+      if (CtEntry e = parseCtEntry(payload, len); e.openTcp && counts(e)) count++;
     }
   }
 }
 
-Result<PodRulesRemoval> removePodRules() {
+}  // namespace
+
+Result<size_t> openReturnMarkedConnections() {
+  return countConntrack([](const CtEntry& e) { return (e.mark & kIstioConnmarkMask) == kIstioConnmark; });
+}
+
+Result<size_t> openTranslatedConnections() {
+  return countConntrack([](const CtEntry& e) { return (e.status & (IPS_SRC_NAT | IPS_DST_NAT)) != 0; });
+}
+
+Result<PodRulesRemoval> removePodRules(bool connmarkRestoreNeeded) {
   PodRulesRemoval r;
   auto open = openReturnMarkedConnections();
   // Conntrack unreadable: the restore stays (the safe side) and says why.
-  const bool keepRestore = !open.ok() || *open > 0;
+  const bool keepRestore = connmarkRestoreNeeded && (!open.ok() || *open > 0);
+  auto translated = openTranslatedConnections();
+  const bool natInUse = !translated.ok() || *translated > 0;
   std::map<std::string, std::set<std::string>> keep;
   if (keepRestore) keep[kRestoreTable] = {kRestoreChain};
   std::vector<std::string> kept;
   SLUICE_TRY(removeFromIptables(kPodChains, keep, r.removed, kept));
-  SLUICE_TRY(removeNativeTables(keepRestore, r.removed, kept));
+  std::vector<std::string> natKept;
+  SLUICE_TRY(removeNativeTables(keepRestore, natInUse, r.removed, kept, natKept));
+  if (!natKept.empty()) {
+    std::string why = translated.ok() ? std::to_string(*translated) + " connection(s) it translated are open"
+                                      : "conntrack cannot be read (" + translated.error().message + ")";
+    r.waiting.push_back(joined(natKept) + " emptied, deleted once no connection needs its NAT hooks: " + why);
+  }
   if (!kept.empty()) {
     std::string why = open.ok() ? std::to_string(*open) + " connection(s) the proxy opened under Istio's rules are open"
                                 : "conntrack cannot be read (" + open.error().message + ")";

@@ -3,9 +3,11 @@
 // in what order (docs/istio-switch.md).
 //
 // In a pod (after sluice's redirection is in place): first everything that
-// redirects or marks new connections — the nat and raw chains and mangle's
-// ISTIO_PRERT (the connmark 0x111 on the proxy's inbound connections) —
-// in one iptables-restore per family (atomic per table); then, once no
+// redirects or marks new connections — the raw chains, mangle's
+// ISTIO_PRERT (the connmark 0x111 on the proxy's inbound connections) and
+// the nat chains, in that order, in one iptables-restore per family
+// (atomic per table; nat's built-in chains stay, their NAT hooks translate
+// the connections Istio's REDIRECT opened until they close); then, once no
 // connection the proxy opened under Istio's rules is still open (conntrack
 // entries with connmark 0x111 that are not closing), mangle's ISTIO_OUTPUT,
 // whose connmark restore routes those connections' replies back to the
@@ -37,14 +39,22 @@ struct PodRulesRemoval {
 };
 
 /// Removes Istio's in-pod redirection in the calling thread's netns, as the
-/// header says. Idempotent: nothing there, nothing done. Errors (an unknown
-/// layout, a program failing): that backend and family left as they were.
-Result<PodRulesRemoval> removePodRules();
+/// header says. @p connmarkRestoreNeeded: the connmark restore is what
+/// routes the replies of the proxy's connections opened under Istio's
+/// rules (socket mode; in tc mode sluice's egress program hands any packet
+/// of a flow a local socket owns back to it, so it goes at once).
+/// Idempotent: nothing there, nothing done. Errors (an unknown layout, a
+/// program failing): that backend and family left as they were.
+Result<PodRulesRemoval> removePodRules(bool connmarkRestoreNeeded);
 
 /// TCP connections in the calling thread's netns whose conntrack entry has
 /// connmark 0x111/0xfff and is not closing (TIME_WAIT, CLOSE): the proxy's
 /// inbound connections that Istio's mangle rules mark.
 Result<size_t> openReturnMarkedConnections();
+
+/// TCP connections in the calling thread's netns a NAT translates (conntrack
+/// status SRC_NAT or DST_NAT) that are not closing: Istio's REDIRECTs.
+Result<size_t> openTranslatedConnections();
 
 /// What removing Istio's node side did.
 struct NodeRemoval {

@@ -42,8 +42,8 @@ istio::PodRules podRules(const TestNetns& ns) {
   return r.ok() ? *r : istio::PodRules{};
 }
 
-Result<istio::PodRulesRemoval> removeIn(const TestNetns& ns) {
-  return inNetns<istio::PodRulesRemoval>(ns, [] { return istio::removePodRules(); });
+Result<istio::PodRulesRemoval> removeIn(const TestNetns& ns, bool connmarkRestoreNeeded = true) {
+  return inNetns<istio::PodRulesRemoval>(ns, [&] { return istio::removePodRules(connmarkRestoreNeeded); });
 }
 
 std::string save(const TestNetns& ns, const char* program) {
@@ -146,6 +146,50 @@ TEST(IstioTakeoverRules, TheConnmarkRestoreStaysWhileAProxiedConnectionIsOpen) {
     return n.ok() && *n == 0;
   }, 5s));
   auto r = removeIn(pod);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->done()) << r->waiting.front();
+  EXPECT_FALSE(podRules(pod).any()) << podRules(pod).describe();
+}
+
+// A table that holds someone else's rule too keeps it: only Istio's chains
+// and jumps leave.
+TEST(IstioTakeoverRules, AnotherRuleInTheTableStays) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, netfilter)";
+  TestNetns pod("istio-other");
+  ASSERT_TRUE(pod.ok()) << pod.error();
+  ASSERT_TRUE(applyIstioInpod(pod, IstioBackend::IptablesNft, false).ok());
+  CommandResult add = runCommand({"ip", "netns", "exec", pod.name(), "iptables-nft", "-t", "nat", "-A", "OUTPUT", "-p",
+                                  "tcp", "--dport", "9", "-j", "ACCEPT"});
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  auto r = removeIn(pod);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_TRUE(r->done());
+  const std::string after = save(pod, "iptables-nft-save");
+  EXPECT_EQ(after.find("ISTIO_"), std::string::npos) << after;
+  EXPECT_NE(after.find("-A OUTPUT -p tcp -m tcp --dport 9 -j ACCEPT"), std::string::npos) << after;
+}
+
+// tc mode hands any packet of a flow a local socket owns back to it: the
+// restore goes at once, open connection or not.
+TEST(IstioTakeoverRules, WithoutTheNeedForTheRestoreEverythingGoesAtOnce) {
+  if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, netfilter)";
+  TestNetns pod("istio-ct-tc");
+  ASSERT_TRUE(pod.ok()) << pod.error();
+  ASSERT_TRUE(applyIstioInpod(pod, IstioBackend::IptablesNft, false).ok());
+  auto app = TcpServer::start(pod, Endpoint::of("127.0.0.1", 0));
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  auto proxySide = socketIn(pod, AF_INET, SOCK_STREAM);
+  ASSERT_TRUE(proxySide.ok()) << proxySide.error().message;
+  const int mark = 0x539;
+  ASSERT_EQ(::setsockopt(proxySide->get(), SOL_SOCKET, SO_MARK, &mark, sizeof(mark)), 0);
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons((*app)->local().port());
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(proxySide->get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
+  auto echoed = echoRoundTrip(proxySide->get(), "x");
+  ASSERT_TRUE(echoed.ok() && *echoed == "x");
+  auto r = removeIn(pod, false);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->done()) << r->waiting.front();
   EXPECT_FALSE(podRules(pod).any()) << podRules(pod).describe();
