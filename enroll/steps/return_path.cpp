@@ -46,9 +46,15 @@ class LocalRouteStep final : public Step {
   }
   Where where() const override { return Where::Pod; }
   Status apply(PodContext& c) override {
-    auto nl = c.podNetlink();
-    SLUICE_TRY(nl);
-    SLUICE_TRY(addLocalDefaultRouteOn(**nl, family_, SLUICE_ROUTE_TABLE, static_cast<int>(c.rec.lo_ifindex)));
+    // Already there (Istio's node agent made the same route: a pod taken
+    // over): left untouched, as replacing it invalidates every route
+    // cached with it, and a packet in flight meanwhile is lost.
+    auto present = localDefaultRouteExists(family_, SLUICE_ROUTE_TABLE);
+    if (!present.ok() || !*present) {
+      auto nl = c.podNetlink();
+      SLUICE_TRY(nl);
+      SLUICE_TRY(addLocalDefaultRouteOn(**nl, family_, SLUICE_ROUTE_TABLE, static_cast<int>(c.rec.lo_ifindex)));
+    }
     c.rec.routes |= routesBit(family_);
     return {};
   }

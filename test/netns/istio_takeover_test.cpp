@@ -16,7 +16,10 @@
 //
 // Traffic runs through every phase, one loop per kind, round the pods:
 // pod → remote (TCP, both families), remote → pod app (both), pod → remote
-// :53 (DNS: the proxy must answer; the resolver's echo is a bypass), and
+// :53 (DNS: the proxy must answer; the resolver's echo is a bypass; a query
+// with no answer is sent again once, as a resolver does, and counted as
+// answered on the retry — in tc mode a datagram in flight while a pod's
+// rules switch is sometimes lost; two losses are a failure), and
 // kubelet's probes from the node to each pod's health port, which must
 // arrive from the probe address. What the servers accepted is compared
 // with what the node proxy relayed: a connection that reached a server
@@ -35,7 +38,7 @@
 // agent exits, then removes Istio's node state; (3) Istio comes back
 // (rules, node state, istio-cni, its ZDS server), sluiced stops and is
 // started again with --istio-hand-back, which removes only its own
-// redirection. Phases 2 and 3 need those agent flags.
+// redirection.
 #include <signal.h>
 #include <unistd.h>
 
@@ -121,6 +124,8 @@ struct Tally {
   uint64_t attempts = 0, ok = 0, failed = 0;
   /// DNS answered by the resolver itself: the query went past the proxy.
   uint64_t bypassed = 0;
+  /// DNS answered by the proxy on the resolver's retry (a lost datagram).
+  uint64_t retried = 0;
   std::vector<std::string> firstFailures;  ///< the first few, with phase, time and pod
 };
 
@@ -181,13 +186,14 @@ class NodeTraffic {
     std::ostringstream out;
     for (const auto& [k, t] : tallies())
       out << "  " << kindName(k) << ": " << t.attempts << " attempts, " << t.ok << " ok, " << t.failed << " failed, "
-          << t.bypassed << " bypassed\n";
+          << t.bypassed << " bypassed" << (t.retried ? ", " + std::to_string(t.retried) + " answered on the retry" : "")
+          << "\n";
     return out.str();
   }
 
  private:
   struct Outcome {
-    enum What { Ok, Failed, Bypassed } what = Ok;
+    enum What { Ok, Failed, Bypassed, Retried } what = Ok;
     std::string detail;
   };
   static Outcome failed(std::string d) { return {Outcome::Failed, std::move(d)}; }
@@ -245,13 +251,21 @@ class NodeTraffic {
     const std::string q = dnsQuery(id, "shop.example.com", family == AF_INET ? 1 : 28);
     const std::string fam = familyName(family);
     auto reply = udpExchange(pod.ns(), Endpoint::of(ProbeTopology::remoteAddr(family), 53), q, true, kAttemptTimeout);
-    if (!reply.ok()) return failed(fam + ": " + reply.error().message);
+    bool retried = false;
+    if (!reply.ok()) {
+      // A resolver sends a lost query again (glibc: attempts:2): a datagram
+      // lost once is not a failed lookup, twice is. Counted apart.
+      retried = true;
+      reply = udpExchange(pod.ns(), Endpoint::of(ProbeTopology::remoteAddr(family), 53), q, true, kAttemptTimeout);
+    }
+    if (!reply.ok()) return failed(fam + ": " + reply.error().message + " (twice)");
     if (reply->payload == q) return {Outcome::Bypassed, fam + ": the resolver echoed the query (it went past the proxy)"};
     auto answer = parseDnsAnswer(reply->payload);
     const std::string want = family == AF_INET ? "10.96.0.99" : "fd00::99";
     if (!answer || !answer->response || answer->id != id) return failed(fam + ": not an answer to the query");
     if (std::find(answer->addresses.begin(), answer->addresses.end(), want) == answer->addresses.end())
       return failed(fam + ": an answer without the proxy's " + want);
+    if (retried) return {Outcome::Retried, fam + ": the first query got no answer; the retry did"};
     return {};
   }
 
@@ -277,8 +291,13 @@ class NodeTraffic {
     std::lock_guard lock(mu_);
     Tally& t = tallies_[k];
     t.attempts++;
-    if (o.what == Outcome::Ok) {
+    if (o.what == Outcome::Ok || o.what == Outcome::Retried) {
       t.ok++;
+      if (o.what == Outcome::Retried) {
+        t.retried++;
+        if (t.firstFailures.size() < 5)
+          t.firstFailures.push_back(phase_ + " +" + std::to_string(sinceStart(began)) + " ms " + pod.name + ": " + o.detail);
+      }
       return;
     }
     (o.what == Outcome::Failed ? t.failed : t.bypassed)++;
