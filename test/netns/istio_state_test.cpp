@@ -13,6 +13,7 @@
 #include <string>
 
 #include "istio/state.h"
+#include "test/common/istio_node.h"
 #include "test/common/istio_rules.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
@@ -28,15 +29,7 @@ struct BackendCase {
 
 class IstioPodRules : public ::testing::TestWithParam<BackendCase> {};
 
-Result<istio::PodRules> readIn(const TestNetns& ns) {
-  Result<istio::PodRules> out = Error::msg("not read");
-  Status st = ns.run([&]() -> Status {
-    out = istio::readPodRules();
-    return {};
-  });
-  if (!st.ok()) return st.error();
-  return out;
-}
+Result<istio::PodRules> readIn(const TestNetns& ns) { return readIstioPodRules(ns); }
 
 TEST_P(IstioPodRules, EachBackendIsFound) {
   if (::geteuid() != 0) GTEST_SKIP() << "needs root (network namespaces, netfilter)";

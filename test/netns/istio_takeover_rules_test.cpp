@@ -18,6 +18,7 @@
 
 #include "istio/state.h"
 #include "istio/takeover.h"
+#include "test/common/istio_node.h"
 #include "test/common/istio_rules.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
@@ -37,7 +38,7 @@ Result<T> inNetns(const TestNetns& ns, const std::function<Result<T>()>& fn) {
 }
 
 istio::PodRules podRules(const TestNetns& ns) {
-  auto r = inNetns<istio::PodRules>(ns, [] { return istio::readPodRules(); });
+  auto r = readIstioPodRules(ns);
   EXPECT_TRUE(r.ok()) << r.error().message;
   return r.ok() ? *r : istio::PodRules{};
 }
@@ -56,6 +57,25 @@ bool returnRuleThere(const TestNetns& ns) {
   CommandResult v6 = runCommand({"ip", "netns", "exec", ns.name(), "ip", "-6", "rule", "show", "pref", "32764"});
   return v4.out.find("fwmark 0x111/0xfff lookup 100") != std::string::npos &&
          v6.out.find("fwmark 0x111/0xfff lookup 100") != std::string::npos;
+}
+
+// A connection the proxy opens to an app in @p pod under Istio's rules:
+// marked 0x539 (mangle gives its conntrack entry connmark 0x111), to
+// 127.0.0.1:@p port, one echo done.
+Result<Fd> proxiedConnection(const TestNetns& pod, uint16_t port) {
+  auto fd = socketIn(pod, AF_INET, SOCK_STREAM);
+  SLUICE_TRY(fd);
+  const int mark = 0x539;
+  if (::setsockopt(fd->get(), SOL_SOCKET, SO_MARK, &mark, sizeof(mark)) != 0) return Error::fromErrno(errno, "SO_MARK");
+  sockaddr_in to{};
+  to.sin_family = AF_INET;
+  to.sin_port = htons(port);
+  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd->get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)) != 0) return Error::fromErrno(errno, "connect");
+  auto echoed = echoRoundTrip(fd->get(), "x");
+  SLUICE_TRY(echoed);
+  if (*echoed != "x") return Error::msg("echo returned '" + *echoed + "'");
+  return std::move(*fd);
 }
 
 class IstioTakeoverRules : public ::testing::TestWithParam<IstioBackend> {};
@@ -109,17 +129,8 @@ TEST(IstioTakeoverRules, TheConnmarkRestoreStaysWhileAProxiedConnectionIsOpen) {
   EXPECT_EQ(*none, 0u);
 
   {
-    auto proxySide = socketIn(pod, AF_INET, SOCK_STREAM);
+    auto proxySide = proxiedConnection(pod, (*app)->local().port());
     ASSERT_TRUE(proxySide.ok()) << proxySide.error().message;
-    const int mark = 0x539;
-    ASSERT_EQ(::setsockopt(proxySide->get(), SOL_SOCKET, SO_MARK, &mark, sizeof(mark)), 0);
-    sockaddr_in to{};
-    to.sin_family = AF_INET;
-    to.sin_port = htons((*app)->local().port());
-    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(::connect(proxySide->get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
-    auto echoed = echoRoundTrip(proxySide->get(), "x");
-    ASSERT_TRUE(echoed.ok() && *echoed == "x");
     auto open = inNetns<size_t>(pod, [] { return istio::openReturnMarkedConnections(); });
     ASSERT_TRUE(open.ok()) << open.error().message;
     EXPECT_EQ(*open, 1u);
@@ -137,7 +148,7 @@ TEST(IstioTakeoverRules, TheConnmarkRestoreStaysWhileAProxiedConnectionIsOpen) {
     EXPECT_NE(during.find("-A OUTPUT -j ISTIO_OUTPUT"), std::string::npos) << during;
     EXPECT_NE(during.find("--restore-mark"), std::string::npos) << during;
     EXPECT_NE(mangleBefore, during);
-    echoed = echoRoundTrip(proxySide->get(), "y");
+    auto echoed = echoRoundTrip(proxySide->get(), "y");
     ASSERT_TRUE(echoed.ok() && *echoed == "y") << "the open connection keeps working";
   }
   // Closed (the client's end first: its entry goes to TIME_WAIT).
@@ -178,17 +189,8 @@ TEST(IstioTakeoverRules, WithoutTheNeedForTheRestoreEverythingGoesAtOnce) {
   ASSERT_TRUE(applyIstioInpod(pod, IstioBackend::IptablesNft, false).ok());
   auto app = TcpServer::start(pod, Endpoint::of("127.0.0.1", 0));
   ASSERT_TRUE(app.ok()) << app.error().message;
-  auto proxySide = socketIn(pod, AF_INET, SOCK_STREAM);
+  auto proxySide = proxiedConnection(pod, (*app)->local().port());
   ASSERT_TRUE(proxySide.ok()) << proxySide.error().message;
-  const int mark = 0x539;
-  ASSERT_EQ(::setsockopt(proxySide->get(), SOL_SOCKET, SO_MARK, &mark, sizeof(mark)), 0);
-  sockaddr_in to{};
-  to.sin_family = AF_INET;
-  to.sin_port = htons((*app)->local().port());
-  to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(::connect(proxySide->get(), reinterpret_cast<sockaddr*>(&to), sizeof(to)), 0) << std::strerror(errno);
-  auto echoed = echoRoundTrip(proxySide->get(), "x");
-  ASSERT_TRUE(echoed.ok() && *echoed == "x");
   auto r = removeIn(pod, false);
   ASSERT_TRUE(r.ok()) << r.error().message;
   EXPECT_TRUE(r->done()) << r->waiting.front();

@@ -22,12 +22,10 @@ std::string joined(const std::vector<std::string>& v, const char* sep = "; ") {
   return out;
 }
 
-// Istio's in-pod rules in @p pod's netns (the pod's netns checked by cookie).
-Result<istio::PodRules> rulesOf(const PodInfo& pod) {
-  auto ns = openNetnsWithCookie(pod.netnsPath, pod.netnsCookie);
-  SLUICE_TRY(ns);
+// Istio's in-pod rules in the netns @p nsfd names.
+Result<istio::PodRules> rulesIn(int nsfd) {
   istio::PodRules rules;
-  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
+  SLUICE_TRY(runInNetns(nsfd, [&]() -> Status {
     auto r = istio::readPodRules();
     SLUICE_TRY(r);
     rules = *r;
@@ -36,21 +34,23 @@ Result<istio::PodRules> rulesOf(const PodInfo& pod) {
   return rules;
 }
 
+// Istio's in-pod rules in @p pod's netns (the pod's netns checked by cookie).
+Result<istio::PodRules> rulesOf(const PodInfo& pod) {
+  auto ns = openNetnsWithCookie(pod.netnsPath, pod.netnsCookie);
+  SLUICE_TRY(ns);
+  return rulesIn(ns->get());
+}
+
 }  // namespace
 
 Status IstioSwitch::admitRunning(const std::string& netnsPath, const std::string& podName) const {
   if (mode_ != IstioSwitchMode::Off) return {};
   auto ns = openNetns(netnsPath);
   SLUICE_TRY(ns);
-  istio::PodRules rules;
-  SLUICE_TRY(runInNetns(ns->get(), [&]() -> Status {
-    auto r = istio::readPodRules();
-    SLUICE_TRY(r);
-    rules = *r;
-    return {};
-  }));
-  if (!rules.any()) return {};
-  return Error::msg("pod " + podName + " carries Istio's node agent's redirection (" + rules.describe() +
+  auto rules = rulesIn(ns->get());
+  SLUICE_TRY(rules);
+  if (!rules->any()) return {};
+  return Error::msg("pod " + podName + " carries Istio's node agent's redirection (" + rules->describe() +
                         "): not enrolled, as two redirections at once would capture its connections twice; "
                         "sluiced --istio-takeover takes such pods over",
                     EEXIST);
