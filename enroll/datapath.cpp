@@ -216,7 +216,11 @@ Result<PodInfo> Datapath::addPod(const PodSpec& spec, const Handoff* hook) {
   auto p = prepare(spec, hook);
   SLUICE_TRY(p);
   ensurePodGuardFor();
-  if (p->alreadyEnrolled) return retryHandoff(p->id, *p->existing, hook);
+  if (p->alreadyEnrolled) {
+    if (p->pod.what.nodeSide && p->existing->host_iface.ifindex == 0)
+      SLUICE_TRY(completeNodeSide(p->id, *p->existing, p->pod.context));
+    return retryHandoff(p->id, *p->existing, hook);
+  }
   PodContext& c = p->pod.context;
   SLUICE_TRY(applyPlan(planFor(c.rec, p->pod.what), c));
   PodInfo info = podInfoFromRecord(p->id, c.rec);
@@ -229,6 +233,19 @@ Result<PreparedPod> Datapath::preparePod(const PodSpec& spec, const Handoff* hoo
   SLUICE_TRY(p);
   if (p->alreadyEnrolled) return Error::msg("pod '" + p->id + "' is enrolled already", EEXIST);
   return std::move(p->pod);
+}
+
+Status Datapath::completeNodeSide(const std::string& id, const sluice_pod_record& rec, const PodContext& found) {
+  PodContext c = contextFor(id, rec);
+  c.podVethIfindex = found.podVethIfindex;
+  c.peerIfindex = found.peerIfindex;
+  PlanFor what = PlanFor::enrolled(rec);
+  what.nodeSide = true;
+  Plan nodeSteps;
+  for (auto& step : planFor(rec, what))
+    if (step->where() == Where::Node) nodeSteps.push_back(std::move(step));
+  spdlog::info("pod {} is enrolled without its node side (an enrollment cut short); adding it", id);
+  return applyPlan(nodeSteps, c);
 }
 
 Result<PodInfo> Datapath::retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook) {

@@ -210,6 +210,10 @@ class Datapath {
   /// The retried enrollment of a pod enrolled with the same settings: the
   /// hand-off again (a failure leaves the enrollment as it was).
   Result<PodInfo> retryHandoff(const std::string& id, const sluice_pod_record& rec, const Handoff* hook);
+  /// An enrolled pod whose enrollment was cut short before its node side
+  /// (the enroller killed): the node's steps of its plan, with what
+  /// discovery @p found in its netns now.
+  Status completeNodeSide(const std::string& id, const sluice_pod_record& rec, const PodContext& found);
   Status teardown(const std::string& id, const sluice_pod_record& rec, bool keepReturnPath = false);
   /// teardown of a pod whose netns is gone and that still holds something
   /// a new enrollment needs (@p held: "its id", "address A"); says so.

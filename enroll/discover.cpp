@@ -90,6 +90,15 @@ Result<Discovery> discoverPod(PodContext& c, const PodSpec& spec, const std::opt
       return Error::msg("reroute interface '" + name + "' not found in netns " + spec.netnsPath, ENODEV);
     c.rec.config.reroute_ifindex[c.rec.config.reroute_count++] = static_cast<__u32>(it->ifindex);
   }
+  // The veth whose peer is the host-side interface (eth0 first): the node
+  // side's start, also for an enrolled pod whose node side is missing.
+  for (const auto& l : attachTo) {
+    if (l.kind != "veth" || !l.linkIfindex) continue;
+    if (!c.podVethIfindex || l.name == "eth0") {
+      c.podVethIfindex = l.ifindex;
+      c.peerIfindex = l.linkIfindex;
+    }
+  }
   if (existing) {
     SLUICE_TRY(sameEnrollment(c, spec, *existing));
     out.alreadyEnrolled = true;
@@ -107,15 +116,7 @@ Result<Discovery> discoverPod(PodContext& c, const PodSpec& spec, const std::opt
                       E2BIG);
   if (!c.rec.lo_ifindex) return Error::msg("netns " + spec.netnsPath + " has no loopback interface", ENODEV);
 
-  // Node side inputs: the veth whose peer is the host-side interface
-  // (eth0 first), and the addresses probes will target.
-  for (const auto& l : attachTo) {
-    if (l.kind != "veth" || !l.linkIfindex) continue;
-    if (!c.podVethIfindex || l.name == "eth0") {
-      c.podVethIfindex = l.ifindex;
-      c.peerIfindex = l.linkIfindex;
-    }
-  }
+  // Node side inputs: the addresses probes will target.
   if (spec.nodeNetnsPath && spec.ips.empty()) {
     auto found = podAddrsOn(c);
     SLUICE_TRY(found);

@@ -34,6 +34,9 @@ const std::set<std::string> kBuiltinChains = {"PREROUTING", "INPUT", "FORWARD", 
 const char* kRestoreTable = "mangle";
 const char* kRestoreChain = "ISTIO_OUTPUT";
 constexpr uint32_t kIstioConnmark = 0x111, kIstioConnmarkMask = 0xfff;
+// The accept sluice puts first in each chain of Istio's native nat table
+// while its rules must stay for the connections they translated.
+const char* kUnhookComment = "sluice-takeover: Istio's redirect kept for its open connections only";
 
 bool legacyTablesInUse(const char* procFile) {
   std::ifstream f(std::string("/proc/thread-self/net/") + procFile);
@@ -91,8 +94,13 @@ std::string targetOf(const std::string& rule) {
 
 // The restore script that takes @p wanted chains out of one table, or
 // why the layout is not one this knows. @p keep: chains left for later.
+// @p keep: chains left whole (their jumps too); @p unhook: chains whose
+// jumps go but that stay, rules and all (what their rules translated keeps
+// its translation).
 Result<std::string> removalScript(const std::string& name, const SavedTable& t, const std::set<std::string>& wanted,
-                                  const std::set<std::string>& keep, std::vector<std::string>& removedChains) {
+                                  const std::set<std::string>& keep, const std::set<std::string>& unhook,
+                                  std::vector<std::string>& removedChains, bool& changes) {
+  changes = false;
   std::vector<std::string> present;
   for (const auto& c : t.chains)
     if (wanted.count(c)) present.push_back(c);
@@ -109,12 +117,16 @@ Result<std::string> removalScript(const std::string& name, const SavedTable& t, 
     if (!kBuiltinChains.count(chain))
       return Error::msg(name + " table: " + target + " is jumped to from " + chain + ", not from a built-in chain",
                         EPROTO);
-    if (!keep.count(target)) script += "-D" + r.substr(2) + "\n";
+    if (!keep.count(target)) {
+      script += "-D" + r.substr(2) + "\n";
+      changes = true;
+    }
   }
   for (const auto& c : present) {
-    if (keep.count(c)) continue;
+    if (keep.count(c) || unhook.count(c)) continue;
     script += "-F " + c + "\n-X " + c + "\n";
     removedChains.push_back(c);
+    changes = true;
   }
   return script + "COMMIT\n";
 }
@@ -128,10 +140,12 @@ Result<std::string> removalScript(const std::string& name, const SavedTable& t, 
 // or connmark rules are there without its nat rules). nat's built-in
 // chains stay, even empty: the NAT hooks they keep registered translate the
 // connections Istio's REDIRECT opened until they close.
+using ByTable = std::map<std::string, std::set<std::string>>;
+
 Status removeFromBackend(const std::string& save, const std::string& restore, const std::string& label,
-                         const std::set<std::string>& wanted,
-                         const std::map<std::string, std::set<std::string>>& keepByTable,
-                         std::vector<std::string>& removed, std::vector<std::string>& kept) {
+                         const std::set<std::string>& wanted, const ByTable& keepByTable, const ByTable& unhookByTable,
+                         std::vector<std::string>& removed, std::vector<std::string>& kept,
+                         std::vector<std::string>& unhooked) {
   auto out = runCommand({save});
   if (!out.ok()) return out.error().code == ENOENT ? Status{} : Status(out.error());
   if (out->exitCode != 0) return Error::msg(label + ": " + save + " exited " + std::to_string(out->exitCode), EIO);
@@ -142,14 +156,19 @@ Status removeFromBackend(const std::string& save, const std::string& restore, co
   for (const auto& [name, table] : tables) {
     auto k = keepByTable.find(name);
     const auto& keep = k == keepByTable.end() ? none : k->second;
+    auto u = unhookByTable.find(name);
+    const auto& unhook = u == unhookByTable.end() ? none : u->second;
     std::vector<std::string> chains;
-    auto s = removalScript(name, table, wanted, keep, chains);
+    bool changes = false;
+    auto s = removalScript(name, table, wanted, keep, unhook, chains, changes);
     if (!s.ok()) return Error::msg(label + " " + s.error().message + ": left as it is", s.error().code);
     for (const auto& c : keep)
       if (table.chains.count(c)) kept.push_back(label + " " + name + ": " + c);
-    if (chains.empty()) continue;
+    for (const auto& c : unhook)
+      if (table.chains.count(c)) unhooked.push_back(label + " " + name + ": " + c);
+    if (!changes) continue;
     scripts[name] = *s;
-    lines.push_back(label + " " + name + ": " + joined(chains));
+    if (!chains.empty()) lines.push_back(label + " " + name + ": " + joined(chains));
   }
   std::string script;
   for (const char* t : {"raw", "mangle", "nat"})
@@ -178,12 +197,12 @@ const Backend kBackends[] = {
     {"iptables-legacy IPv6", "ip6tables-legacy-save", "ip6tables-legacy-restore", "ip6_tables_names"},
 };
 
-Status removeFromIptables(const std::set<std::string>& wanted,
-                          const std::map<std::string, std::set<std::string>>& keepByTable,
-                          std::vector<std::string>& removed, std::vector<std::string>& kept) {
+Status removeFromIptables(const std::set<std::string>& wanted, const ByTable& keepByTable, const ByTable& unhookByTable,
+                          std::vector<std::string>& removed, std::vector<std::string>& kept,
+                          std::vector<std::string>& unhooked) {
   for (const auto& b : kBackends) {
     if (b.legacyProc && !legacyTablesInUse(b.legacyProc)) continue;
-    SLUICE_TRY(removeFromBackend(b.save, b.restore, b.label, wanted, keepByTable, removed, kept));
+    SLUICE_TRY(removeFromBackend(b.save, b.restore, b.label, wanted, keepByTable, unhookByTable, removed, kept, unhooked));
   }
   return {};
 }
@@ -205,9 +224,21 @@ Status removeNativeTables(bool keepRestore, bool natInUse, std::vector<std::stri
     if (name.rfind("istio-ambient-", 0) != 0) continue;
     const std::string table = family + " " + name;
     if (name == "istio-ambient-nat" && natInUse) {
-      // Its base chains keep the NAT hooks, which translate the
-      // connections its redirect opened: emptied now, deleted once closed.
-      script += "flush table " + table + "\n";
+      // Its redirect rules stay while connections they translated are
+      // open (removing them ends those translations): an accept first in
+      // each of its chains keeps them from new connections.
+      auto t = runCommand({"nft", "-j", "list", "table", family, name});
+      SLUICE_TRY(t);
+      auto tj = nlohmann::json::parse(t->out, nullptr, false);
+      if (t->exitCode != 0 || tj.is_discarded()) return Error::msg("nft -j list table " + table + " failed", EIO);
+      std::set<std::string> guarded;
+      for (const auto& x : tj.value("nftables", nlohmann::json::array()))
+        if (x.contains("rule") && x["rule"].value("comment", "") == kUnhookComment)
+          guarded.insert(x["rule"].value("chain", ""));
+      for (const auto& x : tj.value("nftables", nlohmann::json::array()))
+        if (x.contains("chain") && x["chain"].contains("hook") && !guarded.count(x["chain"].value("name", "")))
+          script += "insert rule " + table + " " + x["chain"].value("name", "") + " accept comment \"" +
+                    kUnhookComment + "\"\n";
       natKept.push_back("nftables: " + table);
       continue;
     }
@@ -333,29 +364,31 @@ Result<size_t> openTranslatedConnections() {
   return countConntrack([](const CtEntry& e) { return (e.status & (IPS_SRC_NAT | IPS_DST_NAT)) != 0; });
 }
 
-Result<PodRulesRemoval> removePodRules(bool connmarkRestoreNeeded) {
+Result<PodRulesRemoval> removePodRules(bool socketCapture) {
   PodRulesRemoval r;
+  // Conntrack unreadable: what the connections need stays (the safe side),
+  // and the answer says why.
   auto open = openReturnMarkedConnections();
-  // Conntrack unreadable: the restore stays (the safe side) and says why.
-  const bool keepRestore = connmarkRestoreNeeded && (!open.ok() || *open > 0);
+  const bool keepRestore = socketCapture && (!open.ok() || *open > 0);
   auto translated = openTranslatedConnections();
-  const bool natInUse = !translated.ok() || *translated > 0;
-  std::map<std::string, std::set<std::string>> keep;
+  const bool keepNat = socketCapture && (!translated.ok() || *translated > 0);
+  ByTable keep, unhook;
   if (keepRestore) keep[kRestoreTable] = {kRestoreChain};
-  std::vector<std::string> kept;
-  SLUICE_TRY(removeFromIptables(kPodChains, keep, r.removed, kept));
-  std::vector<std::string> natKept;
-  SLUICE_TRY(removeNativeTables(keepRestore, natInUse, r.removed, kept, natKept));
-  if (!natKept.empty()) {
-    std::string why = translated.ok() ? std::to_string(*translated) + " connection(s) it translated are open"
-                                      : "conntrack cannot be read (" + translated.error().message + ")";
-    r.waiting.push_back(joined(natKept) + " emptied, deleted once no connection needs its NAT hooks: " + why);
-  }
-  if (!kept.empty()) {
-    std::string why = open.ok() ? std::to_string(*open) + " connection(s) the proxy opened under Istio's rules are open"
-                                : "conntrack cannot be read (" + open.error().message + ")";
-    r.waiting.push_back("connmark restore kept (" + joined(kept) + "): " + why);
-  }
+  if (keepNat) unhook["nat"] = kPodChains;
+  std::vector<std::string> kept, unhooked, natKept;
+  SLUICE_TRY(removeFromIptables(kPodChains, keep, unhook, r.removed, kept, unhooked));
+  SLUICE_TRY(removeNativeTables(keepRestore, keepNat, r.removed, kept, natKept));
+  auto why = [](Result<size_t>& n, const std::string& what) {
+    return n.ok() ? std::to_string(*n) + " connection(s) " + what + " are open"
+                  : "conntrack cannot be read (" + n.error().message + ")";
+  };
+  if (!kept.empty())
+    r.waiting.push_back("connmark restore kept (" + joined(kept) + "): " +
+                        why(open, "the proxy opened under Istio's rules"));
+  unhooked.insert(unhooked.end(), natKept.begin(), natKept.end());
+  if (!unhooked.empty())
+    r.waiting.push_back("Istio's redirect rules kept, no longer reached (" + joined(unhooked) + "): " +
+                        why(translated, "they translated"));
   return r;
 }
 
@@ -431,7 +464,8 @@ Result<NodeRemoval> removeNodeState(const std::set<std::string>& covered, const 
                      std::to_string(uncovered.size()) + " of their address(es) yet (" + uncovered.front() + ", …)");
   } else {
     std::vector<std::string> kept;
-    SLUICE_TRY(removeFromIptables(kNodeChains, {}, r.removed, kept));
+    std::vector<std::string> unhooked;
+    SLUICE_TRY(removeFromIptables(kNodeChains, {}, {}, r.removed, kept, unhooked));
     for (const char* set : {"istio-inpod-probes-v4", "istio-inpod-probes-v6"}) {
       auto exists = runCommand({"ipset", "list", "-n", set});
       SLUICE_TRY(exists);

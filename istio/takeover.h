@@ -1,17 +1,17 @@
 // Taking a node over from Istio's node agent (istio-cni), live: what of its
 // state sluice removes once its own redirection covers the same pods, and
-// in what order (docs/istio-switch.md).
+// in what order (deploy/README.md, "Switching a cluster").
 //
 // In a pod (after sluice's redirection is in place): first everything that
 // redirects or marks new connections — the raw chains, mangle's
 // ISTIO_PRERT (the connmark 0x111 on the proxy's inbound connections) and
 // the nat chains, in that order, in one iptables-restore per family
-// (atomic per table; nat's built-in chains stay, their NAT hooks translate
-// the connections Istio's REDIRECT opened until they close); then, once no
-// connection the proxy opened under Istio's rules is still open (conntrack
-// entries with connmark 0x111 that are not closing), mangle's ISTIO_OUTPUT,
-// whose connmark restore routes those connections' replies back to the
-// proxy. Until then it stays, and the sweep asks again.
+// (atomic per table). In socket mode what the connections opened under
+// Istio's rules need stays until none is open: mangle's ISTIO_OUTPUT (the
+// connmark restore routing the replies of the proxy's connections) and the
+// nat chains, no longer jumped to (deleting a REDIRECT rule ends the
+// translations it made, and the connections with them). The sweep asks
+// again.
 //
 // A layout it does not know (an ISTIO_ chain jumped to from a chain that is
 // not built in, a jump from an ISTIO_ chain to a chain not Istio's) is left
@@ -39,13 +39,17 @@ struct PodRulesRemoval {
 };
 
 /// Removes Istio's in-pod redirection in the calling thread's netns, as the
-/// header says. @p connmarkRestoreNeeded: the connmark restore is what
-/// routes the replies of the proxy's connections opened under Istio's
-/// rules (socket mode; in tc mode sluice's egress program hands any packet
-/// of a flow a local socket owns back to it, so it goes at once).
+/// header says. @p socketCapture (the pod is captured at the socket): what
+/// the connections opened under Istio's rules need stays until they close —
+/// the connmark restore that routes the replies of the proxy's connections,
+/// and the redirect rules (their jumps gone), since removing them ends the
+/// translations they made. In tc mode everything goes at once: the kernel
+/// loses tc mode's DNS answers while a REDIRECT rule exists in the netns,
+/// and sluice's egress program hands packets of a flow a local socket owns
+/// back to it; connections opened through Istio's REDIRECT end then.
 /// Idempotent: nothing there, nothing done. Errors (an unknown layout, a
 /// program failing): that backend and family left as they were.
-Result<PodRulesRemoval> removePodRules(bool connmarkRestoreNeeded);
+Result<PodRulesRemoval> removePodRules(bool socketCapture);
 
 /// TCP connections in the calling thread's netns whose conntrack entry has
 /// connmark 0x111/0xfff and is not closing (TIME_WAIT, CLOSE): the proxy's

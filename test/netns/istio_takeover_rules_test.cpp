@@ -43,8 +43,8 @@ istio::PodRules podRules(const TestNetns& ns) {
   return r.ok() ? *r : istio::PodRules{};
 }
 
-Result<istio::PodRulesRemoval> removeIn(const TestNetns& ns, bool connmarkRestoreNeeded = true) {
-  return inNetns<istio::PodRulesRemoval>(ns, [&] { return istio::removePodRules(connmarkRestoreNeeded); });
+Result<istio::PodRulesRemoval> removeIn(const TestNetns& ns, bool socketCapture = true) {
+  return inNetns<istio::PodRulesRemoval>(ns, [&] { return istio::removePodRules(socketCapture); });
 }
 
 std::string save(const TestNetns& ns, const char* program) {

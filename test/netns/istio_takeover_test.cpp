@@ -814,11 +814,17 @@ class IstioTakeoverModes : public IstioTakeover, public ::testing::WithParamInte
     EXPECT_EQ(annotationFlips(), std::vector<std::string>{});
   }
 
-  /// Istio comes back first, as its DaemonSet would be rolled back: its
+  /// Istio comes back first, as its DaemonSet would be rolled back: its ZDS
+  /// server (which unlinks the socket sluiced serves and binds it), then its
   /// in-pod rules (istio-cni's way: the policy rule sluice shares is kept,
-  /// never re-made), its node state, istio-cni in the chain, and its ZDS
-  /// server (which unlinks the socket sluiced serves and binds it).
+  /// never re-made), its node state and istio-cni in the chain.
   void istioReturns() {
+    // Its ZDS server first, as Istio's agent takes ztunnel's socket at start
+    // and then reconciles the pods (a takeover agent seeing it stands down).
+    istio_.reset();
+    auto istio = IstioZdsStandIn::start(zdsPath(), istioPods());
+    ASSERT_TRUE(istio.ok()) << istio.error().message;
+    istio_ = std::move(*istio);
     for (const auto& p : pods_) {
       Status st = applyIstioInpod(p->ns(), IstioBackend::IptablesNft, true, IstioRule::AddIfMissing);
       ASSERT_TRUE(st.ok()) << p->name << ": " << st.error().message;
@@ -827,10 +833,6 @@ class IstioTakeoverModes : public IstioTakeover, public ::testing::WithParamInte
     ASSERT_TRUE(st.ok()) << st.error().message;
     st = chainIstioCni(conflist_);
     ASSERT_TRUE(st.ok()) << st.error().message;
-    istio_.reset();
-    auto istio = IstioZdsStandIn::start(zdsPath(), istioPods());
-    ASSERT_TRUE(istio.ok()) << istio.error().message;
-    istio_ = std::move(*istio);
   }
 
   /// After the hand-back: Istio has every pod, sluice none.
@@ -911,6 +913,68 @@ TEST_P(IstioTakeoverModes, TakenOverWithTrafficThenHandedBack) {
   soak();
   expectClean("hand-back");
   expectHandedBack();
+  expectZtunnelUndisturbed();
+}
+
+// Killed (SIGKILL) while it takes the pods over and started again, the
+// agent completes the takeover with no gap. Connections opened under
+// Istio's rules — an inbound one the proxy relays to the app, an outbound
+// one to a server behind the node — stay open through all of it and work
+// afterwards in socket mode (Istio's redirect rules and connmark restore
+// stay, no longer reached, until they close, and the pod is not "done"
+// before); in tc mode they work until the pod's rules go.
+TEST_P(IstioTakeoverModes, KilledMidwayItCompletesOnRestartAndOpenConnectionsLive) {
+  istioAlone();
+  const NodePod& first = *pods_.front();
+  auto inbound = tcpConnect(topo_.remote(), Endpoint::of(first.net->ip(AF_INET), kAppPort), ConnectOptions{kAttemptTimeout});
+  ASSERT_TRUE(inbound.ok()) << inbound.error().message;
+  auto outbound = tcpConnect(first.ns(), targets_[0]->local(), ConnectOptions{kAttemptTimeout});
+  ASSERT_TRUE(outbound.ok()) << outbound.error().message;
+  // tc mode cannot keep them: the kernel loses its DNS capture's answers
+  // while a REDIRECT rule is in the pod, and deleting the rule ends the
+  // connections it translated (deploy/README.md says so).
+  const bool keepsConnections = GetParam().capture == std::string("socket");
+  auto echoBoth = [&](const std::string& when) {
+    if (!keepsConnections && when != "istio") return;
+    for (int fd : {inbound->get(), outbound->get()}) {
+      auto e = echoRoundTrip(fd, when, kAttemptTimeout);
+      EXPECT_TRUE(e.ok() && *e == when) << when << ": " << (e.ok() ? *e : e.error().message);
+    }
+  };
+  echoBoth("istio");
+
+  traffic_->phase("takeover, killed");
+  ASSERT_NO_FATAL_FAILURE(startAgent(args("--istio-takeover")));
+  ASSERT_TRUE(eventually([&] { return !registryUids().empty(); }, 30s)) << "no pod was ever enrolled";
+  earlierAgentLogs_ += agent_->log();
+  EXPECT_EQ(agent_->stop(SIGKILL), 128 + SIGKILL);
+  agent_.reset();
+  traffic_->note("sluiced killed");
+  soak();
+  echoBoth("killed");
+
+  traffic_->phase("takeover, restarted");
+  ASSERT_NO_FATAL_FAILURE(startAgent(args("--istio-takeover")));
+  ASSERT_TRUE(eventually([&] { return registryUids() == allUids(); }, 60s)) << "istio: " << istioHealth();
+  const uint64_t istioConnection = lastZdsConnection();
+  istio_->stop();
+  ASSERT_TRUE(ztunnelResynced(istioConnection, 15s)) << "ztunnel did not reconnect to sluiced";
+  std::string last;
+  if (GetParam().capture == std::string("socket")) {
+    // What the open connections need stays, and health says so.
+    ASSERT_TRUE(eventually([&] {
+      last = istioHealth();
+      return last.find("connmark restore kept") != std::string::npos &&
+             last.find("Istio's redirect rules kept, no longer reached") != std::string::npos;
+    }, 30s)) << "health's istio says: " << last;
+  }
+  echoBoth("taken over");
+  inbound->reset();
+  outbound->reset();
+  ASSERT_TRUE(istioHealthBecomes("takeover: done", 60s, last)) << "health's istio says: " << last;
+  soak();
+  expectClean("takeover, restarted");
+  expectTakenOver();
   expectZtunnelUndisturbed();
 }
 

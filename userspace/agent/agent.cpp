@@ -57,6 +57,7 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   ReconcileReport r = a->reconcileNow();
   spdlog::info("sluiced {}: {} pod(s) enrolled; start-up sweep removed {}, found {} damaged, switched {} hook(s) to this build's programs",
                SLUICE_VERSION, r.pods, r.removed.size(), r.repaired.size(), r.programsReplaced);
+  a->completeNodeSides();
   if (dopts.podGuard) {
     if (std::string why = podGuardUnsupported(); !why.empty())
       spdlog::warn("pod guard inactive: {}; apps of enrolled pods holding CAP_NET_RAW can send frames from packet "
@@ -82,6 +83,29 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
     a->cniWatcher_ = std::move(*watcher);
   }
   return a;
+}
+
+void Agent::completeNodeSides() {
+  DpGuard g(*this);
+  for (const auto& p : dp_->listPods()) {
+    if (!p.hostIface.empty()) continue;
+    // The agent enrolls every pod with its node side (addLocked): a pod
+    // without one had its enrollment cut short (an agent killed), or its
+    // host-side veth is not in this netns (then this only warns again).
+    PodSpec spec;
+    spec.id = p.id;
+    spec.netnsPath = p.netnsPath;
+    spec.dnsCapture = p.dnsCapture;
+    spec.inboundCapture = p.inboundCapture;
+    spec.rerouteIfaces = p.rerouteIfaces;
+    spec.nodeNetnsPath = "";
+    spec.ips = p.ips;
+    spec.identity = p.identity;
+    if (auto c = parseCaptureMode(p.capture); c.ok()) spec.capture = *c;
+    if (auto m = parseTcMode(p.tcMode); m.ok()) spec.tcMode = *m;
+    auto done = dp_->addPod(spec);
+    if (!done.ok()) spdlog::warn("pod {}: its node side could not be completed: {}", p.id, done.error().message);
+  }
 }
 
 Status Agent::checkBpffs() {

@@ -139,6 +139,9 @@ class Agent {
   /// With a ZDS socket: starts the ZDS server; without: the proxy identity
   /// is the mark alone.
   Status startZds();
+  /// At start: pods enrolled without their node side get it (an enrollment
+  /// cut short by a killed agent).
+  void completeNodeSides();
   /// Refuses a bpffs private to this mount namespace unless allowed.
   Status checkBpffs();
 

@@ -61,8 +61,9 @@ std::string IstioSwitch::takeOverPod(const PodInfo& pod) {
   if (!ns.ok()) return "its netns cannot be entered: " + ns.error().message;
   istio::PodRulesRemoval removal;
   Status st = runInNetns(ns->get(), [&]() -> Status {
-    // tc mode hands the replies of connections from before back to the
-    // proxy itself; socket mode needs the connmark restore until they close.
+    // Socket mode keeps what connections from before need until they close
+    // (istio/takeover.h); tc mode cannot (its DNS capture fails beside a
+    // REDIRECT rule).
     auto r = istio::removePodRules(pod.capture == "socket");
     SLUICE_TRY(r);
     removal = *r;

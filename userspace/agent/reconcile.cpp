@@ -64,7 +64,9 @@ void Agent::istioSweep() {
     DpGuard g(*this);
     return dp_->removePodKeepingReturnPath(id);
   };
-  istio_->sweep(r, zds_ && !zds_->waiting().empty());
+  // Istio's node agent serves ztunnel's socket: still (the takeover waits),
+  // or again (it came back: nothing of its is taken away meanwhile).
+  istio_->sweep(r, zds_ && (!zds_->waiting().empty() || zds_->socketReplaced()));
 }
 
 ReconcileReport Agent::reconcileNow() {

@@ -600,6 +600,14 @@ std::string Server::waiting() const {
   return impl_->waitingFor;
 }
 
+bool Server::socketReplaced() const {
+  std::lock_guard lock(impl_->mu);
+  if (!impl_->waitingFor.empty() || impl_->fileIno == 0) return false;
+  struct stat st {};
+  if (::stat(impl_->options.socketPath.c_str(), &st) != 0) return false;
+  return st.st_dev != impl_->fileDev || st.st_ino != impl_->fileIno;
+}
+
 void Server::stop() {
   Impl& s = *impl_;
   std::lock_guard stopLock(s.stopMutex);

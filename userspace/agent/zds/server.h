@@ -108,6 +108,11 @@ class Server {
   /// its socket (ServerOptions::takeOver): what it waits for.
   std::string waiting() const;
 
+  /// Another process has put its own socket at the path this server
+  /// listens on (another node agent took it over): new ztunnel connections
+  /// go there now.
+  bool socketReplaced() const;
+
   /// Closes every connection and the listener, joins threads, unlinks the
   /// socket file (unless another process has replaced it since). Waits for a
   /// snapshot callback that is running and for onSnapshotAck calls already
