@@ -41,14 +41,6 @@ std::set<std::string> chainsInSave(const std::string& text, const std::set<std::
   return out;
 }
 
-// Whether the netns uses legacy iptables tables of a family at all (the
-// kernel lists them once a table was loaded).
-bool legacyTablesInUse(const char* procFile) {
-  std::ifstream f(std::string("/proc/thread-self/net/") + procFile);
-  std::string line;
-  return f && std::getline(f, line) && !line.empty();
-}
-
 void addSaved(Netfilter& nf, const std::string& label, const std::vector<std::string>& argv,
               const std::set<std::string>& wanted) {
   auto r = runCommand(argv);
@@ -112,6 +104,12 @@ std::string describeLines(const std::vector<std::string>& lines, const std::vect
 }
 
 }  // namespace
+
+bool legacyTablesInUse(const char* procFile) {
+  std::ifstream f(std::string("/proc/thread-self/net/") + procFile);
+  std::string line;
+  return f && std::getline(f, line) && !line.empty();
+}
 
 std::string PodRules::describe() const { return describeLines(rules.found, rules.unreadable); }
 

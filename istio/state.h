@@ -14,6 +14,11 @@
 
 namespace sluice::istio {
 
+/// Whether the calling thread's netns uses legacy iptables tables of a
+/// family at all (@p procFile "ip_tables_names" / "ip6_tables_names": the
+/// kernel lists them once a table was loaded).
+bool legacyTablesInUse(const char* procFile);
+
 /// Where Istio's chains are in one netns: "iptables-nft IPv4: ISTIO_OUTPUT,
 /// ISTIO_PRERT", "nftables: inet istio-ambient-nat", ...
 struct Netfilter {

@@ -38,12 +38,6 @@ constexpr uint32_t kIstioConnmark = 0x111, kIstioConnmarkMask = 0xfff;
 // while its rules must stay for the connections they translated.
 const char* kUnhookComment = "sluice-takeover: Istio's redirect kept for its open connections only";
 
-bool legacyTablesInUse(const char* procFile) {
-  std::ifstream f(std::string("/proc/thread-self/net/") + procFile);
-  std::string line;
-  return f && std::getline(f, line) && !line.empty();
-}
-
 std::string joined(const std::vector<std::string>& v) {
   std::string out;
   for (const auto& x : v) out += (out.empty() ? "" : ", ") + x;
