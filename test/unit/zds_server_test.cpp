@@ -8,6 +8,7 @@
 //   test thread(s) --add/del--> zds::Server --SEQPACKET--> FakeZtunnel (test)
 //                               listening on /tmp/sluice-zds-XXXX/zds.sock
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <filesystem>
 #include <future>
+#include <iostream>
 #include <map>
 #include <mutex>
 #include <string>
@@ -106,6 +108,8 @@ TEST_F(ZdsServer, SilentPeerIsDroppedAtTheHelloDeadline) {
   FakeZtunnel good(path());
   ASSERT_TRUE(good.handshake().ok());
   EXPECT_EQ(server->peers().size(), 1u);
+  auto m = metrics(*server);
+  EXPECT_NE(m.find("sluice_ztunnel_dropped_total{reason=\"hello_timeout\"} 1\n"), std::string::npos) << m;
 }
 
 TEST_F(ZdsServer, AnythingButAV1HelloDropsTheConnection) {
@@ -408,6 +412,7 @@ TEST_F(ZdsServer, AckTimeoutFailsTheAddAndDropsTheConnection) {
   EXPECT_TRUE(server->peers().empty());
   auto m = metrics(*server);
   EXPECT_NE(m.find("sluice_ztunnel_requests_total{type=\"add\",result=\"timeout\"} 1\n"), std::string::npos) << m;
+  EXPECT_NE(m.find("sluice_ztunnel_dropped_total{reason=\"deadline\"} 1\n"), std::string::npos) << m;
 }
 
 TEST_F(ZdsServer, WriteTimeoutWhenZtunnelStopsReading) {
@@ -636,6 +641,8 @@ TEST_F(ZdsServer, IdleCheckNoticesEof) {
   EXPECT_TRUE(eventually([&] { return server->peers().empty(); }));
   auto m = metrics(*server);
   EXPECT_NE(m.find("sluice_ztunnel_connections 0\n"), std::string::npos) << m;
+  // Noticed by the keepalive read, with no request pending.
+  EXPECT_NE(m.find("sluice_ztunnel_dropped_total{reason=\"keepalive\"} 1\n"), std::string::npos) << m;
 }
 
 TEST_F(ZdsServer, IdleConnectionStaysAcrossManyChecks) {
@@ -717,6 +724,164 @@ TEST_F(ZdsServer, UnsolicitedMessageOnAnIdleConnectionDropsIt) {
   ASSERT_TRUE(good.request().ok());
   ASSERT_TRUE(good.ack());
   EXPECT_TRUE(f.get().ok());
+}
+
+// ---- Limits (Istio's ztunnelserver.go) --------------------------------------------
+
+/// Threads of this process (/proc/self/task).
+size_t threadCount() {
+  size_t n = 0;
+  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
+    (void)e;
+    ++n;
+  }
+  return n;
+}
+
+/// The value of the metric line starting with @p series ("name{labels}").
+uint64_t metricValue(const std::string& text, const std::string& series) {
+  auto at = text.find("\n" + series + " ");
+  return at == std::string::npos ? UINT64_MAX : std::stoull(text.substr(at + series.size() + 2));
+}
+
+// Ten ztunnels connect at once: every connect succeeds at once (they wait
+// in the backlog, none is refused), and they are accepted one per interval
+// — n accepts take at least n - 1 intervals, a burst of one.
+TEST_F(ZdsServer, AcceptsAtMostFiveASecondTheRestWaitInTheBacklog) {
+  const auto interval = ServerOptions{}.acceptInterval;
+  ASSERT_EQ(interval, 200ms) << "Istio's rate.NewLimiter(5, 1)";
+  auto server = startServer();
+  ASSERT_TRUE(server);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<FakeZtunnel>> peers;
+  for (int i = 0; i < 10; ++i) {
+    peers.push_back(std::make_unique<FakeZtunnel>(path()));
+    ASSERT_TRUE(peers.back()->ok()) << "connection " << i << " refused";
+    ASSERT_TRUE(peers.back()->hello());
+  }
+  for (size_t i = 0; i < peers.size(); ++i) {
+    auto snap = peers[i]->snapshot();
+    ASSERT_TRUE(snap.ok()) << "connection " << i << ": " << snap.error().message;
+  }
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  EXPECT_GE(elapsed, 9 * interval);
+  EXPECT_EQ(server->peers().size(), 10u);
+  auto m = metrics(*server);
+  EXPECT_EQ(metricValue(m, "sluice_ztunnel_accepts_total{result=\"served\"}"), 10u) << m;
+  EXPECT_EQ(metricValue(m, "sluice_ztunnel_accepts_total{result=\"gone\"}"), 0u) << m;
+  EXPECT_GE(metricValue(m, "sluice_ztunnel_accept_throttled_total"), 1u) << m;
+}
+
+// A ztunnel reconnecting in a tight loop for three seconds (a crash loop:
+// some of its connections give up before they are accepted, some once they
+// got the first snapshot message): the server accepts at most at the limit,
+// its threads stay within what the limit and the deadlines allow, nothing
+// is left once the loop stops, and a well-behaved ztunnel is served after.
+TEST_F(ZdsServer, TightReconnectLoopIsAcceptedAtTheLimitAndLeavesNothingBehind) {
+  auto o = shortOptions(path());
+  o.snapshot = snapshotOf("p1");
+  // A served connection lives at most: the hello, then one snapshot Add and
+  // SnapshotSent, each written and acked within its deadline.
+  const auto lifetime = o.helloTimeout + 2 * (o.writeTimeout + o.ackTimeout);
+  const size_t maxConcurrent = 1 + lifetime / o.acceptInterval;
+  auto server = startServer(o);
+  ASSERT_TRUE(server);
+  const size_t fdsBefore = openFds();
+  const size_t threadsBefore = threadCount();
+
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, path().c_str(), sizeof(addr.sun_path) - 1);
+  std::atomic<bool> stop{false};
+  std::atomic<uint64_t> connects{0}, backlogFull{0};
+  auto loop = [&](bool untilServed) {
+    while (!stop) {
+      // As ztunnel connects: non-blocking, so a full backlog is EAGAIN.
+      Fd s(::socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
+      if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+        if (errno == EAGAIN) backlogFull++;
+        continue;
+      }
+      connects++;
+      test::sendWithFds(s.get(), std::string("\x08\x01", 2));
+      if (untilServed) {
+        pollfd p{s.get(), POLLIN, 0};
+        ::poll(&p, 1, 100);
+      }
+    }
+  };
+  const size_t loopThreads = 3;
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> loops;
+  loops.emplace_back(loop, false);
+  loops.emplace_back(loop, false);
+  loops.emplace_back(loop, true);
+  size_t maxThreads = 0;
+  while (std::chrono::steady_clock::now() - start < 3s) {
+    maxThreads = std::max(maxThreads, threadCount() - loopThreads);
+    std::this_thread::sleep_for(20ms);
+  }
+  stop = true;
+  for (auto& t : loops) t.join();
+  EXPECT_TRUE(eventually([&] { return server->peers().empty() && threadCount() == threadsBefore && openFds() == fdsBefore; }, 10s))
+      << "threads " << threadCount() << " (before " << threadsBefore << "), fds " << openFds() << " (before "
+      << fdsBefore << ")";
+  auto elapsed = std::chrono::steady_clock::now() - start;
+  auto m = metrics(*server);
+  const uint64_t served = metricValue(m, "sluice_ztunnel_accepts_total{result=\"served\"}");
+  const uint64_t gone = metricValue(m, "sluice_ztunnel_accepts_total{result=\"gone\"}");
+  // The limit: one accept per interval, plus the first.
+  EXPECT_LE(served, 1 + static_cast<uint64_t>(elapsed / o.acceptInterval)) << m;
+  EXPECT_GE(served, 1u) << m;
+  EXPECT_GT(connects.load(), served) << "the loop never outran the limit";
+  EXPECT_GE(metricValue(m, "sluice_ztunnel_accept_throttled_total"), 1u) << m;
+  EXPECT_LE(maxThreads, threadsBefore + maxConcurrent + 1)
+      << "served " << served << ", gone " << gone << ", connects " << connects << ", backlog full " << backlogFull;
+  std::cerr << "tight loop: " << connects << " connects (" << backlogFull << " found the backlog full), " << served
+            << " served, " << gone << " closed as gone, at most " << maxThreads - threadsBefore
+            << " connection threads at once (bound " << maxConcurrent << ")\n";
+
+  // A well-behaved ztunnel now: served as usual.
+  FakeZtunnel good(path());
+  auto snap = good.handshake();
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  ASSERT_EQ(snap->size(), 1u);
+  EXPECT_EQ((*snap)[0].request.workload.uid, "p1");
+  Fd ns = podFd("pod");
+  auto f = addAsync(*server, "u2", ns.get());
+  auto r = good.request();
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(good.ack());
+  EXPECT_TRUE(f.get().ok());
+}
+
+// A ztunnel that says hello, reads the snapshot's first Add and never acks
+// it: dropped at the ack deadline. An add made meanwhile (queued behind the
+// snapshot) fails retryably, as Istio's agent fails it ("connection closed
+// before response received": the pod stays partially enrolled, "pending",
+// and is retried).
+TEST_F(ZdsServer, PeerThatNeverAcksIsDroppedAtTheDeadlineAndTheAddFailsRetryably) {
+  auto o = test::testServerOptions(path(), 1s);
+  o.snapshot = snapshotOf("p1");
+  auto server = startServer(o);
+  ASSERT_TRUE(server);
+  FakeZtunnel peer(path());
+  ASSERT_TRUE(peer.hello());
+  auto first = peer.request();
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_EQ(first->request.workload.uid, "p1");
+  Fd ns = podFd("pod");
+  Status st = server->add(pod("u2"), ns.get());
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.error().code, EAGAIN);
+  // Queued behind the snapshot (the usual case), or after the drop when
+  // this thread was slower than the deadline.
+  EXPECT_EQ(st.error().message.rfind("no ztunnel connection", 0), 0u) << st.error().message;
+  EXPECT_TRUE(peer.closedByServer());
+  EXPECT_TRUE(server->peers().empty());
+  auto m = metrics(*server);
+  EXPECT_EQ(metricValue(m, "sluice_ztunnel_dropped_total{reason=\"deadline\"}"), 1u) << m;
+  EXPECT_EQ(metricValue(m, "sluice_ztunnel_requests_total{type=\"add\",result=\"timeout\"}"), 1u) << m;
 }
 
 // ---- Resources ---------------------------------------------------------------------

@@ -149,6 +149,21 @@ void ZdsMetrics::acked(double seconds) {
   ackLatency_.observe(seconds);
 }
 
+void ZdsMetrics::accepted(const std::string& result) {
+  std::lock_guard lock(mu_);
+  accepts_[result]++;
+}
+
+void ZdsMetrics::acceptThrottled() {
+  std::lock_guard lock(mu_);
+  throttled_++;
+}
+
+void ZdsMetrics::dropped(const std::string& reason) {
+  std::lock_guard lock(mu_);
+  drops_[reason]++;
+}
+
 void ZdsMetrics::render(std::string& out, size_t connections) const {
   metricHeader(out, "sluice_ztunnel_connections", "gauge", "ztunnel connections on the ZDS socket (after their hello).");
   out += "sluice_ztunnel_connections " + std::to_string(connections) + "\n";
@@ -165,6 +180,20 @@ void ZdsMetrics::render(std::string& out, size_t connections) const {
   }
   metricHeader(out, "sluice_ztunnel_ack_duration_seconds", "histogram", "Time from sending a ZDS request to its ack.");
   ackLatency_.render(out, "sluice_ztunnel_ack_duration_seconds");
+  auto counted = [](const std::map<std::string, uint64_t>& m, const char* key) {
+    auto it = m.find(key);
+    return std::to_string(it == m.end() ? 0 : it->second);
+  };
+  metricHeader(out, "sluice_ztunnel_accepts_total", "counter",
+               "Connections accepted on the ZDS socket (gone: its peer had left while it waited in the backlog).");
+  for (const char* result : zds::kAcceptResults)
+    out += std::string("sluice_ztunnel_accepts_total{result=\"") + result + "\"} " + counted(accepts_, result) + "\n";
+  metricHeader(out, "sluice_ztunnel_accept_throttled_total", "counter",
+               "Times the accept rate limit (5 a second, as Istio's agent) held back a waiting connection.");
+  out += "sluice_ztunnel_accept_throttled_total " + std::to_string(throttled_) + "\n";
+  metricHeader(out, "sluice_ztunnel_dropped_total", "counter", "ZDS connections the agent dropped, by reason.");
+  for (const char* reason : zds::kDropReasons)
+    out += std::string("sluice_ztunnel_dropped_total{reason=\"") + reason + "\"} " + counted(drops_, reason) + "\n";
 }
 
 void renderKubeMetrics(std::string& out, const KubeCounters& c) {

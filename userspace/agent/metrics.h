@@ -61,15 +61,22 @@ class ZdsMetrics : public zds::Observer {
   ZdsMetrics();
   void request(const std::string& type, const std::string& result) override;
   void acked(double seconds) override;
+  void accepted(const std::string& result) override;
+  void acceptThrottled() override;
+  void dropped(const std::string& reason) override;
   /// Prometheus text: sluice_ztunnel_connections (gauge, @p connections),
   /// sluice_ztunnel_requests_total{type=add|del|keep|snapshot_sent,
   /// result=ok|error|timeout|no_connection}, sluice_ztunnel_ack_duration_seconds
-  /// (histogram).
+  /// (histogram), sluice_ztunnel_accepts_total{result=served|gone},
+  /// sluice_ztunnel_accept_throttled_total,
+  /// sluice_ztunnel_dropped_total{reason=...} (zds::kDropReasons).
   void render(std::string& out, size_t connections) const;
 
  private:
   mutable std::mutex mu_;
   std::map<std::pair<std::string, std::string>, uint64_t> requests_;
+  std::map<std::string, uint64_t> accepts_, drops_;
+  uint64_t throttled_ = 0;
   Histogram ackLatency_;
 };
 

@@ -16,6 +16,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -79,6 +80,33 @@ std::string podName(const WorkloadInfo& w) {
 
 std::string ms(std::chrono::milliseconds d) { return std::to_string(d.count()) + " ms"; }
 
+/// The listen backlog Go's listeners (Istio's agent) use: somaxconn, so that
+/// connections the accept rate limit holds back wait rather than being refused.
+int listenBacklog() {
+  std::ifstream f("/proc/sys/net/core/somaxconn");
+  int n = 0;
+  if (f >> n && n > 0) return std::min(n, 65535);
+  return SOMAXCONN;
+}
+
+/// Whether the peer of an accepted connection has already closed its end
+/// (it left while the connection waited in the backlog).
+bool peerGone(int fd) {
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  return ::poll(&p, 1, 0) == 1 && (p.revents & POLLHUP);
+}
+
+/// Why a connection is dropped after an exchange ended @p o (nullptr: the
+/// server is stopping, not counted).
+const char* dropReason(Outcome o) {
+  switch (o) {
+    case Outcome::Timeout: return "deadline";
+    case Outcome::Protocol: return "protocol";
+    case Outcome::Gone: return "closed";
+    default: return nullptr;
+  }
+}
+
 }  // namespace
 
 struct Server::Impl {
@@ -114,13 +142,21 @@ struct Server::Impl {
   /// when stopped first.
   bool waitThenListen();
   void acceptLoop();
+  /// Waits until the accept rate limit lets the next accept through; false
+  /// when stopped first.
+  bool acceptAllowance(Clock::time_point& nextToken);
+  /// The next connection from the backlog whose peer is still there
+  /// (closing at most kGonePerAccept whose peer left); invalid when stopped.
+  Fd acceptLive();
   void serve(const std::shared_ptr<Conn>& conn);
   bool sendSnapshot(const std::shared_ptr<Conn>& conn);
   void serveRequests(const std::shared_ptr<Conn>& conn);
   /// One request and its ack on conn's socket (conn's thread only); logs
   /// the hand-off and counts it.
   Outcome exchange(Conn& conn, const Request& request, int netnsFd, std::string& text);
-  void close(const std::shared_ptr<Conn>& conn, const std::string& why);
+  /// Drops conn; @p reason (one of kDropReasons) is counted, nullptr when
+  /// the server stops.
+  void close(const std::shared_ptr<Conn>& conn, const std::string& why, const char* reason);
   void complete(const std::shared_ptr<Job>& job, Outcome outcome, std::string text);
   /// Queues a job on conn; false when conn is closed.
   bool enqueue(const std::shared_ptr<Conn>& conn, const std::shared_ptr<Job>& job);
@@ -187,7 +223,7 @@ Status Server::Impl::listen() {
     fileDev = st.st_dev;
     fileIno = st.st_ino;
   }
-  if (::listen(listenFd.get(), 64) != 0) {
+  if (::listen(listenFd.get(), listenBacklog()) != 0) {
     int err = errno;
     ::unlink(path.c_str());
     return Error::fromErrno(err, "zds: listen " + path);
@@ -228,9 +264,29 @@ bool Server::Impl::waitThenListen() {
   }
 }
 
-void Server::Impl::acceptLoop() {
-  ::pthread_setname_np(::pthread_self(), "zds-accept");
-  if (!listenFd.valid() && !waitThenListen()) return;
+bool Server::Impl::acceptAllowance(Clock::time_point& nextToken) {
+  if (options.acceptInterval.count() <= 0) return true;
+  // Istio's limiter (rate.NewLimiter(5, 1), waited on before each accept):
+  // a token every interval, a bucket of one. After an idle spell the next
+  // connection is accepted at once; a peer that reconnects in a loop is
+  // accepted once per interval and its other connections wait.
+  bool waited = false;
+  for (auto now = Clock::now(); now < nextToken; now = Clock::now()) {
+    waited = true;
+    auto left = std::chrono::ceil<std::chrono::milliseconds>(nextToken - now);
+    pollfd stop{stopFd.get(), POLLIN, 0};
+    if (::poll(&stop, 1, static_cast<int>(left.count())) > 0) return false;
+  }
+  nextToken = std::max(Clock::now(), nextToken) + options.acceptInterval;
+  if (waited && options.observer) {
+    pollfd pending{listenFd.get(), POLLIN, 0};
+    if (::poll(&pending, 1, 0) == 1) options.observer->acceptThrottled();
+  }
+  return true;
+}
+
+Fd Server::Impl::acceptLive() {
+  int gone = 0;
   for (;;) {
     std::array<pollfd, 2> fds{};
     fds[0] = {listenFd.get(), POLLIN, 0};
@@ -238,9 +294,9 @@ void Server::Impl::acceptLoop() {
     if (::poll(fds.data(), fds.size(), -1) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("zds: poll on the listener: {}", std::strerror(errno));
-      return;
+      return Fd();
     }
-    if (fds[1].revents) return;
+    if (fds[1].revents) return Fd();
     Fd sock(::accept4(listenFd.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!sock.valid()) {
       if (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN) continue;
@@ -249,6 +305,28 @@ void Server::Impl::acceptLoop() {
       ::poll(&fds[1], 1, 100);
       continue;
     }
+    // Its peer left while it waited in the backlog (a ztunnel that
+    // reconnects in a loop leaves many): nothing to serve, no thread, and it
+    // does not use the allowance.
+    if (gone < kGonePerAccept && peerGone(sock.get())) {
+      ++gone;
+      if (options.observer) options.observer->accepted("gone");
+      continue;
+    }
+    if (gone) spdlog::info("zds: closed {} connection(s) whose peer left while they waited to be accepted", gone);
+    if (options.observer) options.observer->accepted("served");
+    return sock;
+  }
+}
+
+void Server::Impl::acceptLoop() {
+  ::pthread_setname_np(::pthread_self(), "zds-accept");
+  if (!listenFd.valid() && !waitThenListen()) return;
+  Clock::time_point nextToken{};
+  for (;;) {
+    if (!acceptAllowance(nextToken)) return;
+    Fd sock = acceptLive();
+    if (!sock.valid()) return;
     auto conn = std::make_shared<Conn>();
     socklen_t len = sizeof(conn->cred);
     if (::getsockopt(sock.get(), SOL_SOCKET, SO_PEERCRED, &conn->cred, &len) != 0) {
@@ -280,7 +358,9 @@ void Server::Impl::serve(const std::shared_ptr<Conn>& conn) {
   ::pthread_setname_np(::pthread_self(), "zds-conn");
   auto hello = receiveDatagram(conn->sock.get(), after(options.helloTimeout), stopFd.get());
   std::string bad;
+  const char* reason = "no_hello";
   if (!hello) {
+    if (hello.error().code == ETIMEDOUT) reason = "hello_timeout";
     bad = hello.error().code == ETIMEDOUT ? "no hello within " + ms(options.helloTimeout) : hello.error().message;
   } else if (hello->eof) {
     bad = "closed before its hello";
@@ -290,7 +370,7 @@ void Server::Impl::serve(const std::shared_ptr<Conn>& conn) {
     bad = st.error().message;
   }
   if (!bad.empty()) {
-    close(conn, bad);
+    close(conn, bad, reason);
     return;
   }
   size_t count;
@@ -318,7 +398,7 @@ bool Server::Impl::sendSnapshot(const std::shared_ptr<Conn>& conn) {
     try {
       entries = options.snapshot();
     } catch (const std::exception& e) {
-      close(conn, std::string("snapshot callback failed: ") + e.what());
+      close(conn, std::string("snapshot callback failed: ") + e.what(), nullptr);
       return false;
     }
   }
@@ -343,7 +423,7 @@ bool Server::Impl::sendSnapshot(const std::shared_ptr<Conn>& conn) {
       continue;
     }
     if (o != Outcome::Acked) {
-      close(conn, "snapshot: " + text);
+      close(conn, "snapshot: " + text, dropReason(o));
       return false;
     }
     (r.type == RequestType::Add ? adds : keeps)++;
@@ -355,8 +435,8 @@ bool Server::Impl::sendSnapshot(const std::shared_ptr<Conn>& conn) {
   Request done;
   done.type = RequestType::SnapshotSent;
   std::string text;
-  if (exchange(*conn, done, -1, text) != Outcome::Acked) {
-    close(conn, "snapshot: " + text);
+  if (Outcome o = exchange(*conn, done, -1, text); o != Outcome::Acked) {
+    close(conn, "snapshot: " + text, dropReason(o));
     return false;
   }
   spdlog::info("zds: snapshot sent on connection {}: {} add(s), {} keep(s), {} refused{}", conn->id, adds, keeps,
@@ -388,7 +468,7 @@ void Server::Impl::serveRequests(const std::shared_ptr<Conn>& conn) {
       job->netns.reset();
       complete(job, o, text);
       if (o != Outcome::Acked && o != Outcome::Invalid) {
-        close(conn, text);
+        close(conn, text, dropReason(o));
         return;
       }
       nextCheck = Clock::now() + options.idleCheckInterval;
@@ -400,19 +480,19 @@ void Server::Impl::serveRequests(const std::shared_ptr<Conn>& conn) {
     if (!d) {
       if (d.error().code == ECANCELED) break;
       if (d.error().code != ETIMEDOUT) {
-        close(conn, "idle check: " + d.error().message);
+        close(conn, "idle check: " + d.error().message, "keepalive");
         return;
       }
     } else if (d->eof) {
-      close(conn, "ztunnel closed the connection");
+      close(conn, "ztunnel closed the connection (idle check)", "keepalive");
       return;
     } else {
-      close(conn, "protocol error: unsolicited message from ztunnel (" + hex(d->bytes) + ")");
+      close(conn, "protocol error: unsolicited message from ztunnel (" + hex(d->bytes) + ")", "protocol");
       return;
     }
     nextCheck = Clock::now() + options.idleCheckInterval;
   }
-  close(conn, "server stopping");
+  close(conn, "server stopping", nullptr);
 }
 
 Outcome Server::Impl::exchange(Conn& conn, const Request& request, int netnsFd, std::string& text) {
@@ -479,7 +559,7 @@ Outcome Server::Impl::exchange(Conn& conn, const Request& request, int netnsFd, 
   return Outcome::Acked;
 }
 
-void Server::Impl::close(const std::shared_ptr<Conn>& conn, const std::string& why) {
+void Server::Impl::close(const std::shared_ptr<Conn>& conn, const std::string& why, const char* reason) {
   std::deque<std::shared_ptr<Job>> orphans;
   size_t remaining;
   bool wasLive;
@@ -494,6 +574,7 @@ void Server::Impl::close(const std::shared_ptr<Conn>& conn, const std::string& w
     remaining = live.size();
   }
   conn->sock.reset();
+  if (!stopped && reason && options.observer) options.observer->dropped(reason);
   if (stopped) {
     spdlog::info("zds: closed ztunnel connection {} (server stopping)", conn->id);
   } else if (wasLive) {

@@ -43,6 +43,18 @@ struct Peer {
 /// A request's type and its result, as Observer::request names them.
 inline constexpr std::array<const char*, 4> kRequestTypes = {"add", "del", "keep", "snapshot_sent"};
 inline constexpr std::array<const char*, 4> kRequestResults = {"ok", "error", "timeout", "no_connection"};
+/// What became of an accepted connection, as Observer::accepted names it:
+/// "served" (it got a thread), "gone" (its peer had closed it while it
+/// waited in the backlog: closed at once, no thread).
+inline constexpr std::array<const char*, 2> kAcceptResults = {"served", "gone"};
+/// Why the server dropped a connection, as Observer::dropped names it:
+/// "hello_timeout" (no hello within helloTimeout), "no_hello" (closed, or
+/// anything but a V1 hello, first), "deadline" (a request not written or not
+/// acked within writeTimeout / ackTimeout), "protocol" (a malformed or
+/// unsolicited message), "closed" (the peer went away during a request),
+/// "keepalive" (the idle check's read found the peer gone).
+inline constexpr std::array<const char*, 6> kDropReasons = {"hello_timeout", "no_hello", "deadline",
+                                                            "protocol",      "closed",   "keepalive"};
 
 /// What the server counts, told as it happens; whoever exports metrics (the
 /// agent) implements it, so the server knows nothing of their format. Called
@@ -56,7 +68,19 @@ class Observer {
   virtual void request(const std::string& type, const std::string& result) = 0;
   /// An ack came @p seconds after its request was sent.
   virtual void acked(double seconds) = 0;
+  /// A connection was accepted: @p result one of kAcceptResults.
+  virtual void accepted(const std::string& result) { (void)result; }
+  /// The accept rate limit (ServerOptions::acceptInterval) held back a
+  /// connection that was waiting in the backlog.
+  virtual void acceptThrottled() {}
+  /// A connection was dropped (not at stop()): @p reason one of kDropReasons.
+  virtual void dropped(const std::string& reason) { (void)reason; }
 };
+
+/// Connections found already closed by their peer that one allowed accept
+/// may skip (ServerOptions::acceptInterval): bounds the accept loop's work
+/// while it drains a backlog a reconnecting peer left behind.
+inline constexpr int kGonePerAccept = 1024;
 
 /// How the server listens and what it asks its owner.
 struct ServerOptions {
@@ -73,6 +97,13 @@ struct ServerOptions {
   std::chrono::milliseconds takeOverPoll{250};
   /// Wait for the hello; write a request; read its ack; between idle checks.
   std::chrono::milliseconds helloTimeout{5000}, writeTimeout{5000}, ackTimeout{5000}, idleCheckInterval{5000};
+  /// The accept rate limit, Istio's (`rate.NewLimiter(5, 1)` waited on
+  /// before each accept): one accept per interval, a burst of one. Those
+  /// that come faster wait in the listen backlog (somaxconn long, as Go's
+  /// listener), never refused. A connection its peer closed while it waited
+  /// there is closed at once without using the allowance (at most
+  /// kGonePerAccept of them per allowed accept). Zero: no limit.
+  std::chrono::milliseconds acceptInterval{200};
   /// Called for each new connection after its hello: the pods to snapshot
   /// (read fresh each time). Runs on that connection's thread with no lock of
   /// the server held; it may take the owner's locks even while another thread
