@@ -309,6 +309,9 @@ bool Controller::reconcile(const std::string& uid) {
       }
       auto loc = locateNetns(*pod);
       if (!loc) {
+        // Not captured here (after a reboot the pod may still say
+        // "enabled" from before): the annotation must not claim it is.
+        queueStatus(*pod, state);
         std::lock_guard lock(mu_);
         ++counters_.netnsNotFound;
         retryWarn(uid, fmt::format("kube: pod {} is selected ({}) but its network namespace was not found (will retry): {}",
