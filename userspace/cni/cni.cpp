@@ -487,13 +487,13 @@ Installing into the node's CNI configuration:
                             (unchained: the standalone config's name)
     --cni-owned-conflist    leave the primary's file alone: write the
                             primary's plugins then sluice-cni to a conflist of
-                            sluice's own that sorts first, )"
-         + std::string(kDefaultOwnedConflist) + R"(
+                            sluice's own that sorts first (default name
+                            )" + std::string(kDefaultOwnedConflist) + R"()
     --cni-owned-conflist-name NAME
                             that conflist's name (implies --cni-owned-conflist)
     --cni-unchained         a standalone config with sluice-cni alone (default
-                            )" + std::string(kDefaultStandaloneConf) + R"(), for Multus (OpenShift): pods name it in
-                            k8s.v1.cni.cncf.io/networks
+                            name )" + std::string(kDefaultStandaloneConf) + R"(), for Multus (OpenShift):
+                            pods name it in k8s.v1.cni.cncf.io/networks
 
   sluice-cni --help | --version
 )";
