@@ -7,19 +7,23 @@ namespace sluice::test {
 
 using nlohmann::json;
 
+json bridgeConflist(const BridgeNetwork& net) {
+  return {{"cniVersion", "1.0.0"},
+          {"name", net.name},
+          {"plugins",
+           {{{"type", "bridge"},
+             {"bridge", net.bridge},
+             {"isGateway", true},
+             {"isDefaultGateway", true},
+             {"ipMasq", false},
+             {"ipam",
+              {{"type", "host-local"},
+               {"dataDir", net.ipamDir},
+               {"ranges", {{{{"subnet", net.subnetPrefix + "0/24"}}}}}}}}}}};
+}
+
 Result<json> installBridgeConflist(const BridgeNetwork& net) {
-  json list = {{"cniVersion", "1.0.0"},
-               {"name", net.name},
-               {"plugins",
-                {{{"type", "bridge"},
-                  {"bridge", net.bridge},
-                  {"isGateway", true},
-                  {"isDefaultGateway", true},
-                  {"ipMasq", false},
-                  {"ipam",
-                   {{"type", "host-local"},
-                    {"dataDir", net.ipamDir},
-                    {"ranges", {{{{"subnet", net.subnetPrefix + "0/24"}}}}}}}}}}};
+  json list = bridgeConflist(net);
   const std::string path = net.confDir + "/" + net.file;
   if (!writeTextFile(path, list.dump(2))) return Error::fromErrno(errno, "write " + path);
   auto r = runCommand({builtBinary("sluice-cni"), "install", "--cni-conf-dir", net.confDir, "--cni-bin-dir", net.binDir,

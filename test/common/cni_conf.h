@@ -23,6 +23,9 @@ struct BridgeNetwork {
   std::string agentSocket;   ///< written into sluice-cni's entry
 };
 
+/// The bridge + host-local conflist of @p net (what the primary CNI writes).
+nlohmann::json bridgeConflist(const BridgeNetwork& net);
+
 /// Writes the bridge + host-local conflist and runs `sluice-cni install`
 /// into it; the conflist as installed (sluice-cni last), or what failed.
 Result<nlohmann::json> installBridgeConflist(const BridgeNetwork& net);

@@ -46,6 +46,7 @@
 #include "enroll/datapath.h"
 #include "test/common/agent_process.h"
 #include "test/common/cni_conf.h"
+#include "test/common/cni_runtime.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
@@ -59,145 +60,12 @@ namespace {
 using nlohmann::json;
 namespace fs = std::filesystem;
 
-constexpr const char* kSystemCniDir = "/usr/lib/cni";
-
 bool pathExists(const std::string& p) {
   struct stat st {};
   return ::lstat(p.c_str(), &st) == 0;
 }
 
-std::string shellQuote(const std::string& s) {
-  std::string out = "'";
-  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
 std::atomic<int> gCounter{0};
-
-// ---- a container runtime's side of CNI -------------------------------------------
-
-/// The CNI_* parameters of one pod's invocations. Empty values are left out
-/// of the environment.
-struct CniParams {
-  std::string containerId;
-  std::string netns;
-  std::string ifname = "eth0";
-  std::string args;
-};
-
-struct PluginRun {
-  std::string type;
-  CommandResult result;
-};
-
-/// What a chain operation did: every plugin's run, and for ADD the final
-/// result (or the failing plugin's error JSON).
-struct ChainOutcome {
-  bool ok = false;
-  json result;
-  json error;
-  std::vector<PluginRun> runs;
-  std::string describe() const {
-    std::string s;
-    for (const auto& r : runs) s += "[" + r.type + ": " + r.result.describe() + "] ";
-    return s;
-  }
-};
-
-/// Runs CNI plugins from the node netns exactly as a runtime does.
-class CniRuntime {
- public:
-  CniRuntime(const TestNetns& node, std::string binDir, std::string scratchDir)
-      : node_(node), binDir_(std::move(binDir)), scratch_(std::move(scratchDir)) {}
-
-  std::string cniPath() const { return binDir_ + ":" + kSystemCniDir; }
-
-  /// The runtime's working directory for the plugins ("": the test's).
-  std::string cwd;
-
-  /// The plugin binary of @p type, looked up in CNI_PATH order.
-  std::string pluginPath(const std::string& type) const {
-    for (const auto& dir : {binDir_, std::string(kSystemCniDir)})
-      if (pathExists(dir + "/" + type)) return dir + "/" + type;
-    return binDir_ + "/" + type;
-  }
-
-  /// One plugin invocation: @p stdinText on stdin, CNI_* in a clean
-  /// environment.
-  CommandResult invoke(const std::string& binary, const std::string& command, const CniParams& p,
-                       const std::string& stdinText) const {
-    std::string in = scratch_ + "/stdin-" + std::to_string(gCounter++) + ".json";
-    writeTextFile(in, stdinText);
-    std::string env = "PATH=/usr/sbin:/usr/bin:/sbin:/bin";
-    auto add = [&](const char* k, const std::string& v) {
-      if (!v.empty()) env += std::string(" ") + k + "=" + shellQuote(v);
-    };
-    add("CNI_COMMAND", command);
-    add("CNI_CONTAINERID", p.containerId);
-    add("CNI_NETNS", p.netns);
-    add("CNI_IFNAME", p.ifname);
-    add("CNI_ARGS", p.args);
-    add("CNI_PATH", cniPath());
-    std::string cd = cwd.empty() ? "" : "cd " + shellQuote(cwd) + " && ";
-    auto r = sh(cd + "nsenter --net=" + shellQuote(node_.path()) + " env -i " + env + " " + shellQuote(binary) + " < " +
-                shellQuote(in));
-    ::unlink(in.c_str());
-    return r;
-  }
-
-  /// One plugin of a conflist with the list's cniVersion and name (and
-  /// prevResult when given) injected, as libcni does.
-  CommandResult invokePlugin(const json& list, const json& plugin, const std::string& command, const CniParams& p,
-                             const json& prevResult) const {
-    json conf = plugin;
-    conf["cniVersion"] = list["cniVersion"];
-    conf["name"] = list["name"];
-    if (!prevResult.is_null()) conf["prevResult"] = prevResult;
-    return invoke(pluginPath(plugin["type"]), command, p, conf.dump());
-  }
-
-  /// ADD: every plugin in order, each one's result the next one's
-  /// prevResult; stops at the first failure.
-  ChainOutcome add(const json& list, const CniParams& p) const {
-    ChainOutcome o;
-    json prev;
-    for (const auto& plugin : list["plugins"]) {
-      auto r = invokePlugin(list, plugin, "ADD", p, prev);
-      o.runs.push_back({plugin["type"], r});
-      if (r.exitCode != 0) {
-        o.error = json::parse(r.out, nullptr, false);
-        return o;
-      }
-      prev = json::parse(r.out, nullptr, false);
-    }
-    o.ok = true;
-    o.result = prev;
-    return o;
-  }
-
-  /// CHECK (forward) or DEL (reverse), each plugin given the cached ADD
-  /// result (null: none, as after a failed ADD).
-  ChainOutcome checkOrDel(const json& list, const CniParams& p, const std::string& command, const json& cached) const {
-    ChainOutcome o;
-    std::vector<json> plugins(list["plugins"].begin(), list["plugins"].end());
-    if (command == "DEL") std::reverse(plugins.begin(), plugins.end());
-    for (const auto& plugin : plugins) {
-      auto r = invokePlugin(list, plugin, command, p, cached);
-      o.runs.push_back({plugin["type"], r});
-      if (r.exitCode != 0) {
-        o.error = json::parse(r.out, nullptr, false);
-        return o;
-      }
-    }
-    o.ok = true;
-    return o;
-  }
-
- private:
-  const TestNetns& node_;
-  std::string binDir_;
-  std::string scratch_;
-};
 
 /// A CNI error as a runtime reads it: exit status non-zero, the error JSON
 /// on stdout with the expected code, a readable message, and the plugin's

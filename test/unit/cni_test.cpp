@@ -262,6 +262,23 @@ TEST(CniRun, AddNeedsPrevResultAndAnExistingNetns) {
   EXPECT_EQ(j["msg"], "network namespace " + e.netns + " does not exist");
 }
 
+// "chained": false (install --cni-unchained, Multus): the key is read,
+// must be a boolean, and lets ADD go on without prevResult (to the agent,
+// which is not running here: not code 7 as a chained config would be).
+TEST_F(NoAgent, UnchainedAddNeedsNoPrevResult) {
+  auto c = parseNetConf(conf(",\"chained\":false"));
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_FALSE(c->chained);
+  EXPECT_TRUE(parseNetConf(conf()).value().chained);
+  auto bad = parseNetConf(conf(",\"chained\":\"no\""));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().message, "network configuration: 'chained' must be true or false");
+  auto j = errorOf(run(env("ADD"), conf(",\"chained\":false" + socketKey())));
+  EXPECT_NE(j["code"], kCniInvalidConfig) << j;
+  EXPECT_EQ(j["msg"].get<std::string>().find("prevResult"), std::string::npos) << j;
+  EXPECT_EQ(errorOf(run(env("ADD"), conf(socketKey())))["code"], kCniInvalidConfig);
+}
+
 TEST_F(NoAgent, AddFailsClosedWithTryAgainLater) {
   auto j = errorOf(run(env("ADD"), withPrev(socketKey())));
   EXPECT_EQ(j["code"], kCniTryAgainLater);

@@ -74,8 +74,8 @@ class CniWatch : public ::testing::Test {
     if (watcher_) watcher_->stop();
   }
 
-  void startWatcher() {
-    auto w = ConfWatcher::start({dir_, socket_}, [this](const WatchEvent& e) {
+  void startWatcher(const ConfMode& mode = {}) {
+    auto w = ConfWatcher::start({dir_, socket_, mode}, [this](const WatchEvent& e) {
       std::lock_guard<std::mutex> g(mu_);
       events_.push_back(e);
       cv_.notify_all();
@@ -125,7 +125,8 @@ TEST_F(CniWatch, EnsureInChainAppendsOnceAndOnlyWhenMissing) {
   r = ensureInChain(dir_, socket_);
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_TRUE(*r);
-  EXPECT_EQ(**r, file_);
+  EXPECT_EQ((*r)->file, file_);
+  EXPECT_EQ((*r)->what, "put sluice-cni back at the end of the plugin chain in " + file_);
   json j = json::parse(readTextFile(file_));
   ASSERT_EQ(j["plugins"].size(), 3u) << j;
   EXPECT_EQ(j["plugins"][0]["type"], "bridge");
@@ -167,8 +168,8 @@ TEST_F(CniWatch, EnsureInChainRefusesWhatItCannotReadAndWritesNothing) {
        " has no plugins before sluice-cni to chain after"},
       {"10-primary.conflist", R"({"cniVersion":"1.0.0","name":"x","plugins":[{"type":"sluice-cni"}]})",
        " has no plugins before sluice-cni to chain after"},
-      {"05-single.conf", R"({"cniVersion":"1.0.0","name":"x","type":"bridge"})",
-       " is a single-plugin file; sluice-cni can only join a .conflist chain"},
+      {"05-single.conf", R"({"cniVersion":"1.0.0","name":"x"})",
+       " has neither \"plugins\" nor \"type\": not a CNI network configuration"},
   };
   for (const auto& c : cases) {
     SCOPED_TRACE(c.content);
@@ -272,6 +273,63 @@ TEST_F(CniWatch, ANewPrimaryConflistIsJoined) {
   EXPECT_TRUE(waitRestored(Clock::now())) << readTextFile(earlier);
 }
 
+// --cni-owned-conflist: the owned file follows its primary (rewritten,
+// replaced by a .conf), goes when the primary goes, comes back with it;
+// the primary's file is never written.
+TEST_F(CniWatch, OwnedConflistFollowsItsPrimary) {
+  ConfMode mode;
+  mode.owned = true;
+  const std::string owned = dir_ + "/02-sluice-cni.conflist";
+  ASSERT_TRUE(writeTextFile(file_, kPrimary.dump(2)));
+  startWatcher(mode);
+  ASSERT_TRUE(waitEvents(1));
+  EXPECT_EQ(events()[0].message, "rewrote " + owned + " from " + file_ + " (its plugins then sluice-cni) (at start)");
+  EXPECT_EQ(readTextFile(file_), kPrimary.dump(2));
+  auto ownedIs = [&](const json& primaryPlugins) {
+    auto j = json::parse(readTextFile(owned), nullptr, false);
+    if (!j.is_object() || !j["plugins"].is_array() || j["plugins"].size() != primaryPlugins.size() + 1) return false;
+    for (size_t i = 0; i < primaryPlugins.size(); i++)
+      if (j["plugins"][i] != primaryPlugins[i]) return false;
+    return sluiceIsLast(j.dump(), socket_);
+  };
+  EXPECT_TRUE(ownedIs(kPrimary["plugins"]));
+
+  // The primary rewrites its file with another plugin list.
+  json changed = kPrimary;
+  changed["plugins"].push_back({{"type", "bandwidth"}});
+  writeAtomically(file_, changed.dump());
+  ASSERT_TRUE(waitEvents(2));
+  EXPECT_TRUE(events()[1].restored);
+  EXPECT_TRUE(ownedIs(changed["plugins"])) << readTextFile(owned);
+  EXPECT_EQ(readTextFile(file_), changed.dump());
+
+  // Gone: the owned copy goes too; back: so is the owned file.
+  ASSERT_EQ(::unlink(file_.c_str()), 0);
+  ASSERT_TRUE(waitEvents(3));
+  EXPECT_EQ(events()[2].message.rfind("removed " + owned + ": its primary CNI configuration is gone (", 0), 0u)
+      << events()[2].message;
+  EXPECT_FALSE(std::filesystem::exists(owned));
+  writeAtomically(file_, kPrimary.dump());
+  ASSERT_TRUE(waitEvents(4));
+  EXPECT_TRUE(ownedIs(kPrimary["plugins"])) << readTextFile(owned);
+  EXPECT_EQ(entries(dir_), 2u) << "no temporary file left";
+}
+
+// --cni-unchained: the standalone config is put back as written.
+TEST_F(CniWatch, UnchainedStandaloneConfigIsKept) {
+  ConfMode mode;
+  mode.chained = false;
+  const std::string standalone = dir_ + "/sluice-cni.conf";
+  startWatcher(mode);
+  ASSERT_TRUE(waitEvents(1));
+  EXPECT_EQ(json::parse(readTextFile(standalone)), standaloneConf(socket_));
+  ASSERT_EQ(::unlink(standalone.c_str()), 0);
+  ASSERT_TRUE(waitEvents(2));
+  EXPECT_EQ(events()[1].message.rfind("wrote the standalone network config " + standalone + " back (", 0), 0u)
+      << events()[1].message;
+  EXPECT_EQ(json::parse(readTextFile(standalone)), standaloneConf(socket_));
+}
+
 TEST_F(CniWatch, StartRefusesAMissingDirectoryAndStopIsPrompt) {
   auto w = ConfWatcher::start({tmp_.file("absent"), socket_}, [](const WatchEvent&) {});
   ASSERT_FALSE(w.ok());
@@ -295,6 +353,39 @@ TEST(CniWatchOptions, AgentFlags) {
       {{"--cni-conf-dir", "net.d"}, "--cni-conf-dir needs an absolute path (see sluiced --help)"},
       {{"--cni-conf-dir", "/x", "--cni-agent-socket", "s"}, "--cni-agent-socket needs an absolute path (see sluiced --help)"},
       {{"--cni-agent-socket", "/s"}, "--cni-agent-socket needs --cni-conf-dir (see sluiced --help)"},
+  };
+  for (const auto& b : bad) {
+    auto r = agent::parseDaemonArgs(b.args);
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().message, b.error);
+  }
+}
+
+// The layout flags the init container takes, on the agent too.
+TEST(CniWatchOptions, AgentLayoutFlags) {
+  auto d = agent::parseDaemonArgs({"--cni-conf-dir", "/etc/cni/net.d", "--cni-owned-conflist-name", "01-s.conflist",
+                                   "--cni-conf-name", "10-calico.conflist"});
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_TRUE(d->agent.cniMode.owned);
+  EXPECT_EQ(d->agent.cniMode.ownedName, "01-s.conflist");
+  EXPECT_EQ(d->agent.cniMode.confName, "10-calico.conflist");
+  EXPECT_TRUE(d->agent.cniMode.chained);
+  d = agent::parseDaemonArgs({"--cni-conf-dir", "/etc/cni/multus/net.d", "--cni-unchained"});
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_FALSE(d->agent.cniMode.chained);
+  EXPECT_FALSE(agent::parseDaemonArgs({}).value().agent.cniMode.owned);
+  struct {
+    std::vector<std::string> args;
+    std::string error;
+  } bad[] = {
+      {{"--cni-unchained"},
+       "--cni-conf-name, --cni-owned-conflist[-name] and --cni-unchained need --cni-conf-dir (see sluiced --help)"},
+      {{"--cni-conf-dir", "/x", "--cni-conf-name"}, "option --cni-conf-name needs a value (see sluiced --help)"},
+      {{"--cni-conf-dir", "/x", "--cni-conf-name", "a/b.conf"},
+       "--cni-conf-name must be a file name in the CNI conf dir, not 'a/b.conf' (see sluiced --help)"},
+      {{"--cni-conf-dir", "/x", "--cni-owned-conflist", "--cni-unchained"},
+       "--cni-unchained and --cni-owned-conflist contradict each other (a standalone config has no primary plugins to "
+       "copy) (see sluiced --help)"},
   };
   for (const auto& b : bad) {
     auto r = agent::parseDaemonArgs(b.args);

@@ -148,6 +148,26 @@ TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
   // The socket it writes into the chain is the one the agent serves.
   const auto& agentArgs = container("containers", "sluiced")["args"];
   EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), init["command"].back()), agentArgs.end());
+  // The layout flags (--cni-conf-name, --cni-owned-conflist[-name],
+  // --cni-unchained) are the same on both: the agent's watch keeps what
+  // the init container wrote.
+  auto layout = [](const json& argv) {
+    std::vector<std::string> out;
+    for (size_t i = 0; i < argv.size(); i++) {
+      std::string a = argv[i];
+      if (a == "--cni-owned-conflist" || a == "--cni-unchained") out.push_back(a);
+      if ((a == "--cni-conf-name" || a == "--cni-owned-conflist-name") && i + 1 < argv.size())
+        out.push_back(a + "=" + argv[i + 1].get<std::string>());
+    }
+    return out;
+  };
+  EXPECT_EQ(layout(init["command"]), layout(agentArgs));
+  // Every flag it passes is one `sluice-cni install` knows.
+  auto help = runCommand({builtBinary("sluice-cni"), "--help"});
+  ASSERT_EQ(help.exitCode, 0) << help.describe();
+  for (const auto& a : init["command"])
+    if (a.get<std::string>().rfind("--", 0) == 0)
+      EXPECT_NE(help.out.find(a.get<std::string>()), std::string::npos) << a << " is not a sluice-cni install flag";
 }
 
 // The agent's Kubernetes client (userspace/agent/kube) needs exactly this

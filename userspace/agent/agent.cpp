@@ -77,7 +77,8 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   if (options.istioSwitch != IstioSwitchMode::Off) a->istioThread_ = std::thread([p = a.get()] { p->istioLoop(); });
   // Handing back, sluice-cni leaves the chain: nothing puts it back.
   if (!options.cniConfDir.empty() && !handingBack) {
-    cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket};
+    cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket,
+                        options.cniMode};
     auto watcher = cni::ConfWatcher::start(w, [p = a.get()](const cni::WatchEvent& e) { p->metrics_.cniConf(e.restored); });
     SLUICE_TRY(watcher);
     a->cniWatcher_ = std::move(*watcher);

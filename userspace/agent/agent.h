@@ -51,6 +51,9 @@ struct AgentOptions {
   /// watches nothing. The entry's agentSocket: cniAgentSocket, else socketPath.
   std::string cniConfDir;
   std::string cniAgentSocket;
+  /// How sluice-cni joins it (--cni-conf-name, --cni-owned-conflist[-name],
+  /// --cni-unchained: the init container's flags).
+  cni::ConfMode cniMode;
   /// Connections served at once, per listener (API, metrics); one more is
   /// answered with an error (EBUSY / HTTP 503) and closed.
   size_t maxConnections = 32;

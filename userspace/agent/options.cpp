@@ -15,7 +15,9 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--cgroup DIR] [--pod-guard on|off] [--reconcile-interval SECONDS]
                [--ztunnel-socket PATH [--ztunnel-socket-takeover]] [--ztunnel-timeout-ms MS]
                [--istio-takeover | --istio-hand-back]
-               [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]]
+               [--allow-private-bpffs] [--cni-conf-dir DIR [--cni-agent-socket PATH]
+                 [--cni-conf-name NAME] [--cni-owned-conflist] [--cni-owned-conflist-name NAME]
+                 [--cni-unchained]]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
                [Kubernetes flags, below]
 
@@ -64,6 +66,12 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            CNI rewrites it without it (default: no watch)
   --cni-agent-socket PATH  the agentSocket written into that entry: this
                            socket as the host's runtime sees it (default: --socket)
+  --cni-conf-name NAME, --cni-owned-conflist, --cni-owned-conflist-name NAME,
+  --cni-unchained          where that entry lives, as `sluice-cni install` was
+                           told (see sluice-cni --help): the agent keeps the
+                           owned conflist in step with its primary (and removes
+                           it when the primary is gone), the standalone config
+                           as written
   --max-connections N      connections served at once per listener (API,
                            metrics; default 32); more are refused at once
   --request-deadline-ms MS a whole request must arrive within this (default
@@ -82,6 +90,7 @@ The API is documented in docs/agent-api.md.
 
 Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env) {
   DaemonArgs d;
+  bool cniModeSet = false;
   auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& flag = args[i];
@@ -100,6 +109,13 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     }
     if (flag == "--allow-private-bpffs") {
       d.agent.allowPrivateBpffs = true;
+      continue;
+    }
+    if (bool takesValue = false; cni::isConfModeFlag(flag, takesValue)) {
+      if (takesValue && i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
+      std::string v = takesValue ? args[++i] : "";
+      if (Status st = cni::applyConfModeFlag(d.agent.cniMode, flag, v); !st.ok()) return usageError(st.error().message);
+      cniModeSet = true;
       continue;
     }
     if (flag == "--ztunnel-socket-takeover") {
@@ -187,6 +203,9 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
   if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
   if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
     return usageError("--cni-agent-socket needs --cni-conf-dir");
+  if (cniModeSet && d.agent.cniConfDir.empty()) return usageError("--cni-conf-name, --cni-owned-conflist[-name] and "
+                                                                  "--cni-unchained need --cni-conf-dir");
+  if (Status st = cni::validateConfMode(d.agent.cniMode); !st.ok()) return usageError(st.error().message);
   if (d.agent.ztunnelTakeover && d.agent.ztunnelSocket.empty())
     return usageError("--ztunnel-socket-takeover needs --ztunnel-socket");
   if (d.agent.istioSwitch == IstioSwitchMode::Takeover) {

@@ -83,6 +83,20 @@ Result<agent::Client> connectAgent(const NetConf& conf) {
   return cniError(kCniIoFailure, c.error().message);
 }
 
+// Unchained (Multus), there is no prevResult: no addresses are sent and
+// the agent finds them in the pod's netns, where the cluster network
+// already put them (Istio's plugin sends none either; cni/pkg/plugin/plugin.go).
+Result<std::vector<std::string>> addressesFor(const NetConf& conf) {
+  if (!conf.prevResult) return std::vector<std::string>{};
+  return podAddresses(*conf.prevResult);
+}
+
+// What ADD prints: prevResult unchanged, or (unchained) a result of no
+// interfaces and no addresses, as Istio's pluginResponse.
+ordered_json addResult(const NetConf& conf) {
+  return conf.prevResult ? *conf.prevResult : ordered_json{{"cniVersion", conf.cniVersion}};
+}
+
 Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::string& id) {
   PodSpec spec;
   // The runtime's working directory is ours, not the agent's.
@@ -95,7 +109,7 @@ Result<PodSpec> podSpecFor(const Env& env, const NetConf& conf, const std::strin
   spec.capture = conf.capture;
   // nodeNetnsPath stays unset: the agent looks the host-side veth up in its
   // own netns, which is the node's (hostNetwork DaemonSet).
-  auto ips = podAddresses(*conf.prevResult);
+  auto ips = addressesFor(conf);
   SLUICE_TRY(ips);
   spec.ips = *ips;
   // The pod's identity, as containerd and CRI-O pass it (unknown keys such
@@ -128,9 +142,10 @@ Status requireNetns(const Env& env) {
 Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
   SLUICE_TRY(requireEnv(env.ifname, "CNI_IFNAME", "ADD"));
   SLUICE_TRY(requireNetns(env));
-  if (!conf.prevResult)
+  if (!conf.prevResult && conf.chained)
     return badConfig(
-        "prevResult is missing: sluice-cni is a chained plugin and must follow the main plugin in a .conflist");
+        "prevResult is missing: sluice-cni is a chained plugin and must follow the main plugin in a .conflist "
+        "(a standalone config for Multus says \"chained\": false)");
   auto spec = podSpecFor(env, conf, id);
   SLUICE_TRY(spec);
   auto client = connectAgent(conf);
@@ -280,6 +295,7 @@ Result<NetConf> parseNetConf(const std::string& text) {
   if (c.agentSocket.front() != '/') return badConfig("'agentSocket' must be an absolute path, not '" + c.agentSocket + "'");
   SLUICE_TRY(optBool(j, "dnsCapture", c.dnsCapture));
   SLUICE_TRY(optBool(j, "inboundCapture", c.inboundCapture));
+  SLUICE_TRY(optBool(j, "chained", c.chained));
   if (j.contains("rerouteIfaces")) {
     const auto& r = j["rerouteIfaces"];
     if (!r.is_array()) return badConfig("'rerouteIfaces' must be an array of interface names");
@@ -418,7 +434,7 @@ Outcome run(const Env& env, const std::string& stdinText) {
   if (env.command == "ADD") {
     auto st = cmdAdd(env, *conf, id);
     if (!st.ok()) return failure(st.error(), conf->cniVersion);
-    return Outcome{0, conf->prevResult->dump() + "\n"};
+    return Outcome{0, addResult(*conf).dump() + "\n"};
   }
   if (env.command == "DEL") {
     auto st = cmdDel(env, *conf, id);
@@ -437,9 +453,12 @@ std::string usage() {
 As a CNI plugin (run by the container runtime, CNI spec 1.0.0):
   CNI_COMMAND=ADD|DEL|CHECK|VERSION, CNI_CONTAINERID, CNI_NETNS, CNI_IFNAME,
   CNI_ARGS, CNI_PATH in the environment, the network configuration on stdin.
-  It must follow the main plugin in a .conflist (it needs prevResult).
+  It follows the main plugin in a .conflist (it reads prevResult), or runs
+  standalone ("chained": false, for Multus).
   Configuration keys (besides cniVersion, name, type):
     agentSocket     sluiced's socket (default /var/run/sluice/agent.sock)
+    chained         true|false (default true; false: no prevResult expected,
+                    the agent finds the pod's addresses in its netns)
     dnsCapture      true|false (default true)
     inboundCapture  true|false (default true)
     rerouteIfaces   ["IFNAME", ...] (default [])
@@ -452,12 +471,29 @@ As a CNI plugin (run by the container runtime, CNI spec 1.0.0):
 
 Installing into the node's CNI configuration:
   sluice-cni install --cni-conf-dir DIR --cni-bin-dir DIR [--agent-socket PATH]
-                     [--binary PATH]
-      copies this binary (or PATH) to DIR/sluice-cni and appends
-      {"type":"sluice-cni",...} to the plugins of the primary (lexically
-      first) *.conflist; idempotent, atomic (temporary file + rename)
-  sluice-cni uninstall --cni-conf-dir DIR --cni-bin-dir DIR
-      removes the entry from every *.conflist there, and the binary
+                     [--binary PATH] [--wait-timeout SECONDS] [LAYOUT]
+      copies this binary (or PATH) to DIR/sluice-cni and writes sluice-cni's
+      entry as LAYOUT says; idempotent, atomic (temporary file + rename).
+      Waits for the primary CNI's config (a line says so) for SECONDS
+      (default: as long as it takes; 0: fails at once)
+  sluice-cni uninstall --cni-conf-dir DIR --cni-bin-dir DIR [LAYOUT]
+      removes the entry from every *.conflist there, deletes sluice-cni's
+      own files (its owned conflist, standalone configs), then the binary
+  LAYOUT (the same flags on sluiced; Istio's names in deploy/README.md):
+    (none)                  append {"type":"sluice-cni",...} to the plugins
+                            of the primary (lexically first) config; a
+                            single-plugin .conf/.json becomes a .conflist
+    --cni-conf-name NAME    chain after NAME instead of the lexically first
+                            (unchained: the standalone config's name)
+    --cni-owned-conflist    leave the primary's file alone: write the
+                            primary's plugins then sluice-cni to a conflist of
+                            sluice's own that sorts first (default name
+                            )" + std::string(kDefaultOwnedConflist) + R"()
+    --cni-owned-conflist-name NAME
+                            that conflist's name (implies --cni-owned-conflist)
+    --cni-unchained         a standalone config with sluice-cni alone (default
+                            name )" + std::string(kDefaultStandaloneConf) + R"(), for Multus (OpenShift):
+                            pods name it in k8s.v1.cni.cncf.io/networks
 
   sluice-cni --help | --version
 )";

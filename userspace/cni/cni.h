@@ -82,6 +82,10 @@ struct NetConf {
   std::string logFormat = "text";
   /// Also append the log to this file (absolute path); "" = stderr only.
   std::string logFile;
+  /// false: a standalone network config (`sluice-cni install
+  /// --cni-unchained`, run by Multus as an additional network): ADD gets no
+  /// prevResult, the agent finds the pod's addresses in its netns.
+  bool chained = true;
   /// The previous plugin's result, kept with its key order so ADD can
   /// return it unchanged.
   std::optional<nlohmann::ordered_json> prevResult;

@@ -37,15 +37,33 @@ constexpr int kSettleMs = 10;
 
 }  // namespace
 
-Result<std::optional<std::string>> ensureInChain(const std::string& confDir, const std::string& agentSocket) {
-  auto plan = planChain(confDir, agentSocket);
+Result<std::optional<Ensured>> ensureInChain(const std::string& confDir, const std::string& agentSocket,
+                                             const ConfMode& mode) {
+  auto plan = planChain(confDir, agentSocket, mode);
   if (!plan.ok()) {
-    if (plan.error().code == ENOENT) return std::optional<std::string>();  // no primary CNI yet: nothing to join
-    return plan.error();
+    if (plan.error().code != ENOENT) return plan.error();
+    // No primary (yet, or any more): nothing to join; an owned copy of a
+    // primary that is gone goes with it.
+    if (!mode.owned || !mode.chained) return std::optional<Ensured>();
+    const std::string owned = confDir + "/" + mode.ownedName;
+    if (::unlink(owned.c_str()) != 0) {
+      if (errno == ENOENT) return std::optional<Ensured>();
+      return Error::fromErrno(errno, "remove " + owned);
+    }
+    return std::optional<Ensured>(Ensured{owned, "removed " + owned + ": its primary CNI configuration is gone"});
   }
-  if (!plan->changes()) return std::optional<std::string>();
+  if (!plan->changes()) return std::optional<Ensured>();
   SLUICE_TRY(writeChain(*plan));
-  return std::optional<std::string>(plan->path);
+  Ensured e{plan->path, ""};
+  if (!mode.chained)
+    e.what = "wrote the standalone network config " + plan->path + " back";
+  else if (mode.owned)
+    e.what = "rewrote " + plan->path + " from " + plan->primary + " (its plugins then sluice-cni)";
+  else if (!plan->replaces.empty())
+    e.what = "converted " + plan->replaces + " to " + plan->path + " with sluice-cni at the end of the plugin chain";
+  else
+    e.what = "put sluice-cni back at the end of the plugin chain in " + plan->path;
+  return std::optional<Ensured>(std::move(e));
 }
 
 Result<std::unique_ptr<ConfWatcher>> ConfWatcher::start(WatchOptions options, Callback onEvent) {
@@ -60,7 +78,10 @@ Result<std::unique_ptr<ConfWatcher>> ConfWatcher::start(WatchOptions options, Ca
   // Watch first, then check: a rewrite in between is seen either way.
   SLUICE_TRY(w->addWatch());
   w->check(std::nullopt);
-  spdlog::info("watching {} to keep sluice-cni in the primary CNI configuration", w->options_.confDir);
+  spdlog::info("watching {} to keep sluice-cni in the primary CNI configuration{}", w->options_.confDir,
+               !w->options_.mode.chained ? " (unchained: its standalone config)"
+               : w->options_.mode.owned  ? " (in its own conflist " + w->options_.mode.ownedName + ")"
+                                         : std::string());
   w->thread_ = std::thread([p = w.get()] { p->run(); });
   return w;
 }
@@ -85,7 +106,7 @@ Status ConfWatcher::addWatch() {
 }
 
 void ConfWatcher::check(std::optional<Clock::time_point> changedAt) {
-  auto r = ensureInChain(options_.confDir, options_.agentSocket);
+  auto r = ensureInChain(options_.confDir, options_.agentSocket, options_.mode);
   WatchEvent ev;
   if (!r.ok()) {
     ev.message = r.error().message + "; nothing written";
@@ -97,11 +118,12 @@ void ConfWatcher::check(std::optional<Clock::time_point> changedAt) {
   lastError_.clear();
   if (!*r) return;
   ev.restored = true;
-  ev.file = **r;
+  ev.file = (*r)->file;
   if (changedAt) ev.delay = std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - *changedAt);
-  ev.message = "put sluice-cni back at the end of the plugin chain in " + ev.file +
-               (changedAt ? fmt::format(" (it was rewritten without it; {:.1f} ms after the change)", ev.delay.count() / 1000.0)
-                          : std::string(" (it was missing at start)"));
+  const bool inPlace = (*r)->what.starts_with("put sluice-cni back");
+  const std::string after = fmt::format("{:.1f} ms after the change", ev.delay.count() / 1000.0);
+  ev.message = (*r)->what + (changedAt ? (inPlace ? " (it was rewritten without it; " : " (") + after + ")"
+                                       : std::string(inPlace ? " (it was missing at start)" : " (at start)"));
   spdlog::warn("{}", ev.message);
   auto now = Clock::now();
   if (now - windowStart_ > kLoopWindow) {

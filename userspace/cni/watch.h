@@ -15,6 +15,7 @@
 
 #include "base/fd.h"
 #include "base/result.h"
+#include "userspace/cni/install.h"
 
 namespace sluice::cni {
 
@@ -22,6 +23,7 @@ namespace sluice::cni {
 struct WatchOptions {
   std::string confDir;      ///< the runtime's CNI config dir (--cni-conf-dir)
   std::string agentSocket;  ///< written into the entry as agentSocket
+  ConfMode mode;            ///< --cni-conf-name, --cni-owned-conflist[-name], --cni-unchained
   /// A full check even without an event (lost events, a queue overflow).
   std::chrono::milliseconds resync = std::chrono::seconds(60);
 };
@@ -35,12 +37,22 @@ struct WatchEvent {
   std::chrono::microseconds delay{0};
 };
 
-/// One check of @p confDir: when the primary (lexically first) config is a
-/// conflist without sluice-cni as its last plugin, writes it back with it
-/// (atomically). Returns the file rewritten, nullopt when nothing was to do
-/// (sluice-cni already last, or no config yet). Errors name the file and
-/// leave it untouched: not JSON, no plugins, a single-plugin .conf.
-Result<std::optional<std::string>> ensureInChain(const std::string& confDir, const std::string& agentSocket);
+/// What one check changed.
+struct Ensured {
+  std::string file;  ///< the file written (or removed)
+  std::string what;  ///< "put sluice-cni back at the end of the plugin chain in FILE", ...
+};
+
+/// One check of @p confDir as @p mode says (planChain): when the file
+/// sluice-cni's entry lives in differs from the plan -- the primary
+/// rewritten without sluice-cni last, its .conf rewritten, the owned
+/// conflist out of step with its primary, the standalone config changed
+/// -- writes it (atomically). With an owned conflist whose primary is gone,
+/// removes it (a runtime must not start pods on a copy of a network the
+/// primary CNI took away). nullopt when nothing was to do (or no primary
+/// yet). Errors name the file and leave it untouched.
+Result<std::optional<Ensured>> ensureInChain(const std::string& confDir, const std::string& agentSocket,
+                                             const ConfMode& mode = {});
 
 /// The watch: a thread on an inotify descriptor over confDir.
 class ConfWatcher {
