@@ -18,7 +18,15 @@ with the semantics the agent's client relies on:
     gone_mode=http, as the HTTP status;
   * PATCH with application/merge-patch+json (RFC 7386) on pods/NAME and
     pods/NAME/status (status keeps the spec as it was), with a
-    metadata.resourceVersion precondition (409);
+    metadata.resourceVersion precondition (409), and with
+    application/json-patch+json (RFC 6902: add, remove, replace, move, copy,
+    test) on any object: a malformed patch is 400 BadRequest, one that does
+    not apply (a failed "test", a missing path) 422 Invalid, as
+    kube-apiserver's patch handler answers;
+  * nodes (GET, list, PATCH) and apps/v1 daemonsets (GET, list; deleting
+    one is done through the admin port: gone, 404, or a
+    metadata.deletionTimestamp set by a patch, as a deletion with
+    finalizers leaves it);
   * bearer tokens checked on every request against DIR/tokens (re-read each
     time, so tests rotate them), 401 with a Status otherwise;
   * TLS with a CA and a server certificate made per run (openssl CLI).
@@ -88,8 +96,12 @@ def merge_patch(target, patch):
 
 
 KINDS = {
-    "pods": {"kind": "Pod", "list": "PodList", "namespaced": True, "singular": "pods"},
-    "namespaces": {"kind": "Namespace", "list": "NamespaceList", "namespaced": False, "singular": "namespaces"},
+    "pods": {"kind": "Pod", "list": "PodList", "namespaced": True, "singular": "pods", "apiVersion": "v1"},
+    "namespaces": {"kind": "Namespace", "list": "NamespaceList", "namespaced": False, "singular": "namespaces",
+                   "apiVersion": "v1"},
+    "nodes": {"kind": "Node", "list": "NodeList", "namespaced": False, "singular": "nodes", "apiVersion": "v1"},
+    "daemonsets": {"kind": "DaemonSet", "list": "DaemonSetList", "namespaced": True, "singular": "daemonsets",
+                   "apiVersion": "apps/v1"},
 }
 
 FIELDS = {
@@ -106,7 +118,114 @@ FIELDS = {
         "metadata.name": lambda o: o["metadata"].get("name", ""),
         "status.phase": lambda o: o.get("status", {}).get("phase", ""),
     },
+    "nodes": {
+        "metadata.name": lambda o: o["metadata"].get("name", ""),
+        "spec.unschedulable": lambda o: "true" if o.get("spec", {}).get("unschedulable") else "false",
+    },
+    "daemonsets": {
+        "metadata.name": lambda o: o["metadata"].get("name", ""),
+        "metadata.namespace": lambda o: o["metadata"].get("namespace", ""),
+    },
 }
+
+
+class PatchError(Exception):
+    pass
+
+
+def _pointer(path):
+    """RFC 6901: "/a/b~1c" -> ["a", "b/c"]."""
+    if path == "":
+        return []
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise PatchError("invalid JSON pointer %r" % (path,))
+    return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
+
+
+def _parent(doc, tokens, path):
+    cur = doc
+    for t in tokens[:-1]:
+        if isinstance(cur, dict) and t in cur:
+            cur = cur[t]
+        elif isinstance(cur, list) and t.isdigit() and int(t) < len(cur):
+            cur = cur[int(t)]
+        else:
+            raise PatchError("doc is missing path: %s" % path)
+    return cur
+
+
+def _get(doc, path):
+    tokens = _pointer(path)
+    if not tokens:
+        return doc
+    parent = _parent(doc, tokens, path)
+    last = tokens[-1]
+    if isinstance(parent, dict) and last in parent:
+        return parent[last]
+    if isinstance(parent, list) and last.isdigit() and int(last) < len(parent):
+        return parent[int(last)]
+    raise PatchError("doc is missing path: %s" % path)
+
+
+def _remove(doc, path):
+    tokens = _pointer(path)
+    parent = _parent(doc, tokens, path)
+    last = tokens[-1] if tokens else None
+    if isinstance(parent, dict) and last in parent:
+        return parent.pop(last)
+    if isinstance(parent, list) and last is not None and last.isdigit() and int(last) < len(parent):
+        return parent.pop(int(last))
+    raise PatchError("unable to remove nonexistent key: %s: missing value" % path)
+
+
+def _add(doc, path, value, replace=False):
+    tokens = _pointer(path)
+    if not tokens:
+        return value
+    parent = _parent(doc, tokens, path)
+    last = tokens[-1]
+    if isinstance(parent, dict):
+        if replace and last not in parent:
+            raise PatchError("replace operation does not apply: doc is missing key: %s" % path)
+        parent[last] = value
+    elif isinstance(parent, list):
+        if last == "-" and not replace:
+            parent.append(value)
+        elif last.isdigit() and int(last) <= len(parent) - (1 if replace else 0):
+            if replace:
+                parent[int(last)] = value
+            else:
+                parent.insert(int(last), value)
+        else:
+            raise PatchError("unable to access invalid index: %s" % last)
+    else:
+        raise PatchError("doc is missing path: %s" % path)
+    return doc
+
+
+def json_patch(target, ops):
+    """RFC 6902 JSON patch; PatchError when an operation does not apply."""
+    doc = copy.deepcopy(target)
+    for op in ops:
+        kind = op.get("op")
+        path = op.get("path")
+        if kind == "test":
+            if _get(doc, path) != op.get("value"):
+                raise PatchError("testing value %s failed: test failed" % path)
+        elif kind == "remove":
+            _remove(doc, path)
+        elif kind in ("add", "replace"):
+            if "value" not in op:
+                raise PatchError("missing value for %s" % kind)
+            doc = _add(doc, path, copy.deepcopy(op["value"]), replace=kind == "replace")
+        elif kind in ("move", "copy"):
+            value = copy.deepcopy(_get(doc, op.get("from")))
+            if kind == "move":
+                _remove(doc, op.get("from"))
+            doc = _add(doc, path, value)
+        else:
+            raise PatchError("Unexpected kind: %s" % kind)
+    return doc
 
 
 def parse_field_selector(kind, text):
@@ -237,10 +356,10 @@ class Store:
         key = self.key_of(kind, obj)
         if self.current(key) is not None:
             raise ApiError(409, "AlreadyExists", '%s "%s" already exists' % (kind, key[2]))
-        if kind == "pods" and self.current(("namespaces", "", key[1])) is None:
+        if KINDS[kind]["namespaced"] and self.current(("namespaces", "", key[1])) is None:
             raise ApiError(404, "NotFound", 'namespaces "%s" not found' % key[1])
         obj["kind"] = KINDS[kind]["kind"]
-        obj["apiVersion"] = "v1"
+        obj["apiVersion"] = KINDS[kind]["apiVersion"]
         meta = obj["metadata"]
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("creationTimestamp", now_iso())
@@ -253,31 +372,42 @@ class Store:
         if old is None:
             raise ApiError(404, "NotFound", '%s "%s" not found' % (kind, key[2]))
         obj["kind"] = KINDS[kind]["kind"]
-        obj["apiVersion"] = "v1"
+        obj["apiVersion"] = KINDS[kind]["apiVersion"]
         for f in ("uid", "creationTimestamp"):
             obj["metadata"][f] = old["metadata"][f]
         return self._record(kind, key, "MODIFIED", obj, old)
 
-    def patch(self, kind, ns, name, patch, subresource=""):
+    def patch(self, kind, ns, name, patch, subresource="", json_patch_ops=False):
         key = (kind, ns, name)
         old = self.current(key)
         if old is None:
             raise ApiError(404, "NotFound", '%s "%s" not found' % (kind, name),
                            {"name": name, "kind": kind})
-        if not isinstance(patch, dict):
-            raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
-        want_rv = (patch.get("metadata") or {}).get("resourceVersion")
+        if json_patch_ops:
+            if not isinstance(patch, list) or not all(isinstance(o, dict) for o in patch):
+                raise ApiError(400, "BadRequest", "json: cannot unmarshal into Go value of type jsonpatch.Patch")
+            try:
+                obj = json_patch(old, patch)
+            except PatchError as e:
+                raise ApiError(422, "Invalid", str(e))
+            if not isinstance(obj, dict) or not isinstance(obj.get("metadata"), dict):
+                raise ApiError(422, "Invalid", "the patch leaves no object")
+            want_rv = obj["metadata"].get("resourceVersion")
+        else:
+            if not isinstance(patch, dict):
+                raise ApiError(400, "BadRequest", "a merge patch must be a JSON object")
+            want_rv = (patch.get("metadata") or {}).get("resourceVersion")
+            obj = merge_patch(old, patch)
         if want_rv is not None and want_rv != old["metadata"]["resourceVersion"]:
             raise ApiError(409, "Conflict", 'Operation cannot be fulfilled on %s "%s": the object has been modified; '
                            'please apply your changes to the latest version and try again' % (kind, name))
-        obj = merge_patch(old, patch)
         for f in ("uid", "name", "namespace", "creationTimestamp"):
             if f in old["metadata"]:
                 obj["metadata"][f] = old["metadata"][f]
         if subresource == "status" and "spec" in old:
             obj["spec"] = copy.deepcopy(old["spec"])  # the status subresource cannot change the spec
         obj["kind"] = KINDS[kind]["kind"]
-        obj["apiVersion"] = "v1"
+        obj["apiVersion"] = KINDS[kind]["apiVersion"]
         if obj == old:
             return old  # a no-op patch does not bump the version (as the API server does)
         return self._record(kind, key, "MODIFIED", obj, old)
@@ -408,16 +538,28 @@ class ApiHandler(BaseHTTPRequestHandler):
             return "patch"
         if query.get("watch", [""])[0] in ("1", "true"):
             return "watch"
-        if len(parts) in (3, 5) and parts[-1] in ("pods", "namespaces"):
+        if parts[-1] in ("pods", "namespaces", "nodes", "daemonsets") and \
+                (len(parts) in (3, 5) or parts[:3] == ["apis", "apps", "v1"]):
             return "list"
         return "get"
 
     def route(self):
         """(kind, namespace, name, subresource) of the path, or None."""
         parts = [unquote(p) for p in urlsplit(self.path).path.strip("/").split("/")]
+        if parts[:3] == ["apis", "apps", "v1"]:
+            rest = parts[3:]
+            if rest == ["daemonsets"]:
+                return ("daemonsets", "", "", ""), parts
+            if len(rest) in (3, 4) and rest[0] == "namespaces" and rest[2] == "daemonsets":
+                return ("daemonsets", rest[1], rest[3] if len(rest) == 4 else "", ""), parts
+            return None, parts
         if parts[:2] != ["api", "v1"]:
             return None, parts
         rest = parts[2:]
+        if rest == ["nodes"]:
+            return ("nodes", "", "", ""), parts
+        if len(rest) == 2 and rest[0] == "nodes":
+            return ("nodes", "", rest[1], ""), parts
         if rest == ["pods"]:
             return ("pods", "", "", ""), parts
         if rest == ["namespaces"]:
@@ -541,14 +683,14 @@ class ApiHandler(BaseHTTPRequestHandler):
             item.pop("kind", None)  # list items carry no kind / apiVersion
             item.pop("apiVersion", None)
             items.append(item)
-        return {"kind": KINDS[kind]["list"], "apiVersion": "v1", "metadata": meta, "items": items}
+        return {"kind": KINDS[kind]["list"], "apiVersion": KINDS[kind]["apiVersion"], "metadata": meta, "items": items}
 
     def patch(self, route, body):
         kind, ns, name, sub = route
         ctype = (self.headers.get("Content-Type") or "").split(";")[0].strip()
-        if ctype != "application/merge-patch+json":
+        if ctype not in ("application/merge-patch+json", "application/json-patch+json"):
             raise ApiError(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                           "accepted media types include: application/merge-patch+json")
+                           "accepted media types include: application/json-patch+json, application/merge-patch+json")
         if not name:
             raise ApiError(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
         try:
@@ -556,9 +698,9 @@ class ApiHandler(BaseHTTPRequestHandler):
         except ValueError as e:
             raise ApiError(400, "BadRequest", "error decoding patch: %s" % e)
         with STATE.store.cond:
-            obj = STATE.store.patch(kind, ns, name, patch, sub)
-            STATE.store.patches.append({"namespace": ns, "name": name, "subresource": sub, "patch": patch,
-                                        "contentType": ctype, "time": time.time()})
+            obj = STATE.store.patch(kind, ns, name, patch, sub, json_patch_ops=ctype == "application/json-patch+json")
+            STATE.store.patches.append({"kind": kind, "namespace": ns, "name": name, "subresource": sub,
+                                        "patch": patch, "contentType": ctype, "time": time.time()})
         return obj
 
     def watch(self, route, query):
@@ -644,7 +786,7 @@ class ApiHandler(BaseHTTPRequestHandler):
                 if send_bookmark:
                     # Everything up to the current version has been looked at.
                     pos = max(pos, current)
-                    self.send_event(me, "BOOKMARK", {"kind": KINDS[kind]["kind"], "apiVersion": "v1",
+                    self.send_event(me, "BOOKMARK", {"kind": KINDS[kind]["kind"], "apiVersion": KINDS[kind]["apiVersion"],
                                                      "metadata": {"resourceVersion": str(pos)}})
                     last_bookmark = time.time()
                 if time.time() >= deadline:

@@ -26,7 +26,9 @@
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -45,6 +47,7 @@
 
 #include "enroll/datapath.h"
 #include "test/common/agent_process.h"
+#include "test/common/apiserver.h"
 #include "test/common/cni_conf.h"
 #include "test/common/cni_runtime.h"
 #include "test/common/tempdir.h"
@@ -548,6 +551,197 @@ TEST_F(Cni, DelOfAnUnknownContainerSucceeds) {
   r = rt.invokePlugin(list_, list_["plugins"][1], "DEL", unknown, json());
   EXPECT_EQ(r.exitCode, 0) << r.describe();
   EXPECT_TRUE(listPods().empty());
+}
+
+// DEL when the plugin finds no agent to ask, for any reason — here a
+// socket of another type at the agent's path (EPROTOTYPE), not only
+// "nobody listens": success, or the pod would hang in Terminating.
+TEST_F(Cni, DelWithNoAgentToAskSucceeds) {
+  Fd other(::socket(AF_UNIX, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  ASSERT_LT(socket().size(), sizeof(addr.sun_path));
+  std::memcpy(addr.sun_path, socket().data(), socket().size());
+  ASSERT_EQ(::bind(other.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0) << std::strerror(errno);
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  auto r = rt.invokePlugin(list_, list_["plugins"][1], "DEL", params_, json());
+  EXPECT_EQ(r.exitCode, 0) << r.describe();
+  EXPECT_EQ(r.out, "");
+  EXPECT_NE(r.err.find("left for the agent's reconciliation"), std::string::npos) << r.err;
+  auto del = rt.checkOrDel(list_, params_, "DEL", json());
+  EXPECT_TRUE(del.ok) << del.describe();
+  ::unlink(socket().c_str());
+}
+
+// ---- SIGTERM: an update or an uninstall ------------------------------------------
+
+/// The agent with Kubernetes — the test API server, which has its DaemonSet
+/// sluice-system/sluice-node — and --daemonset. It runs in the test's netns
+/// (the API server's loopback), so the pod's bridge port is not found and
+/// no probe SNAT is attached (a warning), which is not what these are about.
+/// Pods are enrolled as asked (no Kubernetes identity in CNI_ARGS).
+class CniUninstall : public Cni {
+ protected:
+  void SetUp() override {
+    Cni::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto s = TestApiServer::start();
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    api_ = std::move(*s);
+    ASSERT_TRUE(api_->createNodeAgentPod().ok());
+    json ds = {{"metadata", {{"name", "sluice-node"}, {"namespace", "sluice-system"}}},
+               {"spec", {{"selector", {{"matchLabels", {{"app.kubernetes.io/name", "sluice"}}}}}}}};
+    ASSERT_TRUE(api_->apply(json::array({{{"op", "create"}, {"kind", "daemonsets"}, {"object", ds}}})).ok());
+    params_.args = "IgnoreUnknown=1";
+  }
+
+  void TearDown() override {
+    if (HasFailure() && agent_) std::cerr << "---- agent log ----\n" << agent_->log() << "\n";
+    Cni::TearDown();
+  }
+
+  void startKubeAgent() {
+    auto a = AgentProcess::start(
+        bpffs_.root(),
+        {"--kube-api", api_->url(), "--kube-token-file", api_->tokenFile(), "--kube-ca-file", api_->caFile(),
+         "--node-name", "node-a", "--cni-conf-dir", work_.file("net.d"), "--cni-agent-socket", socket(), "--daemonset",
+         "sluice-node", "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")},
+        socket());
+    ASSERT_TRUE(a.ok()) << a.error().message;
+    agent_ = std::move(*a);
+  }
+
+  std::string conflistPath() const { return work_.file("net.d") + "/10-test.conflist"; }
+  std::string binary() const { return work_.file("bin") + "/sluice-cni"; }
+
+  Status removeDaemonSet(const std::string& how) {
+    json op = {{"kind", "daemonsets"}, {"namespace", "sluice-system"}, {"name", "sluice-node"}};
+    if (how == "deleted") {
+      op["op"] = "delete";
+    } else {
+      // A deletion with a finalizer (kubectl delete --cascade=foreground):
+      // the object stays, marked, until its pods are gone.
+      op["op"] = "patch";
+      op["patch"] = {{"metadata", {{"deletionTimestamp", "2026-12-07T06:00:00Z"},
+                                   {"finalizers", json::array({"foregroundDeletion"})}}}};
+    }
+    SLUICE_TRY(api_->apply(json::array({op})));
+    return {};
+  }
+
+  std::unique_ptr<TestApiServer> api_;
+};
+
+class CniUninstallWhen : public CniUninstall, public ::testing::WithParamInterface<std::string> {};
+
+// SIGTERM with the DaemonSet still there (an update), gone (404), being
+// deleted (deletionTimestamp), or the API unreachable. An update and an
+// unreachable API change nothing; an uninstall takes sluice-cni out of the
+// chain and its binary away, the running pod keeps its redirection (its
+// connections still reach its proxy) until it is removed, a new pod starts
+// through the chain as it is now (the bridge alone), and both DELs succeed.
+TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
+  const std::string how = GetParam();
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent());
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  auto add = rt.add(list_, params_);
+  ASSERT_TRUE(add.ok) << add.describe();
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  StandInConfig cfg = testStandInConfig(pods[0].capture == "socket" ? CaptureMode::Socket : CaptureMode::Tc);
+  cfg.netnsPath = pod_.path();
+  auto standIn = ProxyStandIn::start(cfg);
+  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
+  auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
+  ASSERT_TRUE(server.ok()) << server.error().message;
+  const Endpoint dst = Endpoint::of(gatewayIp(), (*server)->port());
+  Status echo = connectAndEcho(pod_, dst);
+  ASSERT_TRUE(echo.ok()) << echo.error().message;
+  ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
+  const std::string conflist = readTextFile(conflistPath());
+  ASSERT_TRUE(pathExists(binary()));
+
+  if (how == "deleted" || how == "deleting") {
+    Status st = removeDaemonSet(how);
+    ASSERT_TRUE(st.ok()) << st.error().message;
+  }
+  if (how == "unreachable") ASSERT_TRUE(api_->fault({{"down", true}}).ok());
+  ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  const std::string log = agent_->log();
+
+  // The pod is enrolled and captured whatever SIGTERM meant.
+  EXPECT_TRUE(pathExists(bpffs_.linkDir(podId_))) << "the running pod's pins";
+  echo = connectAndEcho(pod_, dst);
+  EXPECT_TRUE(echo.ok()) << echo.error().message;
+  EXPECT_TRUE((*standIn)->waitForEvents(2, kIoTimeout)) << "the running pod's connection did not reach its proxy";
+
+  if (how == "present" || how == "unreachable") {
+    EXPECT_NE(log.find(how == "present" ? "DaemonSet sluice-system/sluice-node is still there"
+                                        : "cannot ask whether DaemonSet sluice-system/sluice-node is being removed"),
+              std::string::npos)
+        << log;
+    EXPECT_EQ(log.find("uninstalling sluice"), std::string::npos) << log;
+    EXPECT_EQ(log.find("uninstall: "), std::string::npos) << log;
+    EXPECT_EQ(readTextFile(conflistPath()), conflist) << "the chain changed";
+    EXPECT_TRUE(pathExists(binary()));
+    return;
+  }
+  EXPECT_NE(log.find(how == "deleted" ? "DaemonSet sluice-system/sluice-node is gone (404): uninstalling"
+                                      : "is being deleted (deletionTimestamp 2026-12-07T06:00:00Z): uninstalling"),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("uninstall: 1 pod(s) stay enrolled"), std::string::npos) << log;
+  const json now = json::parse(readTextFile(conflistPath()), nullptr, false);
+  ASSERT_TRUE(now.is_object());
+  ASSERT_EQ(now["plugins"].size(), 1u) << now;
+  EXPECT_EQ(now["plugins"][0]["type"], "bridge");
+  EXPECT_FALSE(pathExists(binary()));
+
+  // A new pod: the runtime runs the chain as it is now.
+  TestNetns pod2{"cnipod"};
+  ASSERT_TRUE(pod2.ok()) << pod2.error();
+  CniParams p2 = params_;
+  p2.containerId = "second-" + std::to_string(::getpid()) + "-" + std::to_string(n_);
+  p2.netns = pod2.path();
+  auto add2 = rt.add(now, p2);
+  ASSERT_TRUE(add2.ok) << add2.describe();
+  EXPECT_EQ(add2.runs.size(), 1u);
+  echo = connectAndEcho(pod2, dst);
+  EXPECT_TRUE(echo.ok()) << echo.error().message;
+
+  // Both pods removed as the runtime does now: DEL succeeds.
+  auto del = rt.checkOrDel(now, params_, "DEL", add.result);
+  EXPECT_TRUE(del.ok) << del.describe();
+  auto del2 = rt.checkOrDel(now, p2, "DEL", add2.result);
+  EXPECT_TRUE(del2.ok) << del2.describe();
+}
+
+INSTANTIATE_TEST_SUITE_P(DaemonSet, CniUninstallWhen, ::testing::Values("present", "deleted", "deleting", "unreachable"),
+                         [](const auto& info) { return info.param; });
+
+// An uninstall with no pod enrolled takes the node's pinned state too
+// (programs, maps, the socket mode's node hooks): nothing is left of sluice.
+TEST_F(CniUninstall, UninstallWithNoPodEnrolledRemovesThePinnedState) {
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent());
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  auto add = rt.add(list_, params_);
+  ASSERT_TRUE(add.ok) << add.describe();
+  auto del = rt.checkOrDel(list_, params_, "DEL", add.result);
+  ASSERT_TRUE(del.ok) << del.describe();
+  ASSERT_TRUE(listPods().empty());
+  ASSERT_TRUE(pathExists(bpffs_.root() + "/pods")) << "the pinned registry";
+  Status st = removeDaemonSet("deleted");
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  const std::string log = agent_->log();
+  EXPECT_NE(log.find("uninstall: no pod was enrolled; removed the node's pinned state " + bpffs_.root()),
+            std::string::npos)
+      << log;
+  EXPECT_FALSE(pathExists(bpffs_.root())) << "pins left behind";
+  EXPECT_FALSE(pathExists(binary()));
+  const json now = json::parse(readTextFile(conflistPath()), nullptr, false);
+  ASSERT_TRUE(now.is_object());
+  EXPECT_EQ(now["plugins"].size(), 1u) << now;
 }
 
 // The runtime deletes the netns before (or instead of) a clean DEL: DEL

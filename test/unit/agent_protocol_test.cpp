@@ -328,6 +328,93 @@ TEST(AgentOptions, BadKubernetesFlagsAreUsageErrors) {
   EXPECT_NE(daemonUsage().find("--kube-api URL"), std::string::npos);
 }
 
+// The node's readiness taint and the uninstall on SIGTERM: off unless
+// asked for; each needs what it acts through.
+TEST(AgentOptions, NodeTaintAndDaemonSetFlags) {
+  auto d = parseDaemonArgs({}, podEnv);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_FALSE(d->agent.removeNodeTaint);
+  EXPECT_EQ(d->agent.nodeTaintKey, "cni.istio.io/not-ready") << "Istio's taint";
+  EXPECT_EQ(d->agent.daemonSet, "") << "never uninstalls unless told its DaemonSet";
+
+  auto t = parseDaemonArgs({"--remove-node-taint", "--node-taint-key", "example.com/mesh-not-ready"}, podEnv);
+  ASSERT_TRUE(t.ok()) << t.error().message;
+  EXPECT_TRUE(t->agent.removeNodeTaint);
+  EXPECT_EQ(t->agent.nodeTaintKey, "example.com/mesh-not-ready");
+
+  auto withNs = [](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "POD_NAMESPACE") return "sluice-system";
+    return podEnv(n);
+  };
+  auto u = parseDaemonArgs({"--daemonset", "sluice-node", "--cni-conf-dir", "/host/etc/cni/net.d", "--cni-bin-dir",
+                            "/host/opt/cni/bin"},
+                           withNs);
+  ASSERT_TRUE(u.ok()) << u.error().message;
+  EXPECT_EQ(u->agent.daemonSet, "sluice-node");
+  EXPECT_EQ(u->agent.daemonSetNamespace, "sluice-system") << "from POD_NAMESPACE";
+  EXPECT_EQ(u->agent.cniBinDir, "/host/opt/cni/bin");
+  u = parseDaemonArgs({"--daemonset", "sluice-node", "--daemonset-namespace", "mesh", "--cni-conf-dir", "/c",
+                       "--cni-bin-dir", "/b"},
+                      withNs);
+  ASSERT_TRUE(u.ok()) << u.error().message;
+  EXPECT_EQ(u->agent.daemonSetNamespace, "mesh") << "the flag wins";
+
+  struct Case {
+    std::vector<std::string> args;
+    const char* msg;
+  } cases[] = {
+      {{"--remove-node-taint"}, "--remove-node-taint needs Kubernetes (in a pod, or --kube-api) (see sluiced --help)"},
+      {{"--node-taint-key", "x"}, "--node-taint-key needs --remove-node-taint (see sluiced --help)"},
+      {{"--remove-node-taint", "--node-taint-key", "a b"},
+       "invalid --node-taint-key 'a b' (expected a taint key such as cni.istio.io/not-ready) (see sluiced --help)"},
+      {{"--daemonset", "sluice-node"}, "--daemonset needs Kubernetes (in a pod, or --kube-api) (see sluiced --help)"},
+      {{"--daemonset", "Sluice"}, "invalid --daemonset 'Sluice' (expected a Kubernetes object name) (see sluiced --help)"},
+      {{"--cni-bin-dir", "/b"}, "--cni-bin-dir needs --daemonset (see sluiced --help)"},
+      {{"--daemonset-namespace", "x"}, "--daemonset-namespace needs --daemonset (see sluiced --help)"},
+  };
+  for (const auto& c : cases) {
+    auto r = parseDaemonArgs(c.args, noEnv);
+    ASSERT_FALSE(r.ok()) << c.args[0];
+    EXPECT_EQ(r.error().message, c.msg);
+  }
+  auto noDirs = parseDaemonArgs({"--daemonset", "sluice-node"}, withNs);
+  ASSERT_FALSE(noDirs.ok());
+  EXPECT_EQ(noDirs.error().message,
+            "--daemonset needs --cni-conf-dir and --cni-bin-dir (what an uninstall takes sluice-cni out of) (see sluiced "
+            "--help)");
+  auto noNs = parseDaemonArgs({"--daemonset", "sluice-node", "--cni-conf-dir", "/c", "--cni-bin-dir", "/b"}, podEnv);
+  ASSERT_FALSE(noNs.ok());
+  EXPECT_EQ(noNs.error().message,
+            "--daemonset needs --daemonset-namespace or $POD_NAMESPACE (the downward API's metadata.namespace) (see "
+            "sluiced --help)");
+}
+
+// Readiness in health: the list of what is missing; an older agent's answer
+// (no "not_ready") reports nothing, which is not "ready".
+TEST(AgentProtocol, HealthCarriesWhatIsNotReady) {
+  Health h;
+  h.notReady = std::vector<std::string>{"kubernetes: not synced", "cni: not in the chain"};
+  auto j = encodeHealth(h);
+  EXPECT_EQ(j["ready"], false);
+  auto back = decodeHealth(j);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_TRUE(back->notReady.has_value());
+  EXPECT_EQ(*back->notReady, *h.notReady);
+  h.notReady = std::vector<std::string>{};
+  j = encodeHealth(h);
+  EXPECT_EQ(j["ready"], true);
+  back = decodeHealth(j);
+  ASSERT_TRUE(back.ok() && back->notReady.has_value());
+  EXPECT_TRUE(back->notReady->empty());
+  j.erase("ready");
+  j.erase("not_ready");
+  back = decodeHealth(j);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_FALSE(back->notReady.has_value());
+  j["not_ready"] = "x";
+  EXPECT_FALSE(decodeHealth(j).ok()) << "not_ready must be an array";
+}
+
 // The add's answer: an agent that decides from Kubernetes may leave a pod
 // alone. A client of this build reads both answers; an older client reads
 // "not enrolled" as a pod with nothing attached (and passes it through), an

@@ -109,12 +109,20 @@ TEST_F(DeployManifest, AgentImageArgsAndReadiness) {
   EXPECT_EQ(flag("--metrics-address"), "127.0.0.1:9464");
   // A live node of Istio's is taken over, never shared.
   EXPECT_NE(std::find(args.begin(), args.end(), "--istio-takeover"), args.end());
-  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
+  // Ready: sluice can enroll (/readyz); alive: not wedged (/healthz).
+  for (const auto& [probe, path] : {std::pair{"readinessProbe", "/readyz"}, std::pair{"livenessProbe", "/healthz"}}) {
     const auto& get = agent[probe]["httpGet"];
     EXPECT_EQ(get["host"], "127.0.0.1") << probe;
     EXPECT_EQ(get["port"], 9464) << probe;
-    EXPECT_EQ(get["path"], "/healthz") << probe;
+    EXPECT_EQ(get["path"], path) << probe;
   }
+  // On SIGTERM the agent asks about its own DaemonSet, in its own namespace.
+  EXPECT_EQ(flag("--daemonset"), ds_["metadata"]["name"]);
+  EXPECT_EQ(flag("--cni-bin-dir"), "/host/opt/cni/bin");
+  json podNamespace;
+  for (const auto& e : agent["env"])
+    if (e["name"] == "POD_NAMESPACE") podNamespace = e;
+  EXPECT_EQ(podNamespace["valueFrom"]["fieldRef"]["fieldPath"], "metadata.namespace") << agent["env"];
   // The flags the manifest passes are ones sluiced knows.
   auto help = runCommand({builtBinary("sluiced"), "--help"});
   ASSERT_EQ(help.exitCode, 0) << help.describe();
@@ -175,8 +183,8 @@ TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
 TEST_F(DeployManifest, RbacForTheKubernetesClient) {
   json role, binding, account;
   for (const auto& d : docs_) {
-    if (d["kind"] == "ClusterRole") role = d;
-    if (d["kind"] == "ClusterRoleBinding") binding = d;
+    if (d["kind"] == "ClusterRole" && d["metadata"]["name"] == "sluice-node") role = d;
+    if (d["kind"] == "ClusterRoleBinding" && d["metadata"]["name"] == "sluice-node") binding = d;
     if (d["kind"] == "ServiceAccount") account = d;
   }
   ASSERT_TRUE(role.is_object()) << "no ClusterRole";
@@ -199,6 +207,34 @@ TEST_F(DeployManifest, RbacForTheKubernetesClient) {
                                                {"namespace", ds_["metadata"]["namespace"]}}}));
   EXPECT_EQ(account.value("automountServiceAccountToken", true), true);
   EXPECT_EQ(pod_.value("automountServiceAccountToken", true), true) << "the in-cluster configuration reads the token";
+}
+
+// Beyond the client's reads: the node's readiness taint (--remove-node-taint:
+// get and patch of nodes) and the agent's own DaemonSet on SIGTERM (get of
+// that one object), each bound to the DaemonSet's service account.
+TEST_F(DeployManifest, RbacForTheTaintAndTheUninstall) {
+  std::map<std::string, json> byName;  // kind/name -> object
+  for (const auto& d : docs_) byName[d["kind"].get<std::string>() + "/" + d["metadata"]["name"].get<std::string>()] = d;
+  const json& untaint = byName["ClusterRole/sluice-node-untaint"];
+  ASSERT_TRUE(untaint.is_object()) << "no ClusterRole sluice-node-untaint";
+  EXPECT_EQ(untaint["rules"], json::parse(R"([{"apiGroups":[""],"resources":["nodes"],"verbs":["get","patch"]}])"));
+  const json& ds = byName["Role/sluice-node-daemonset"];
+  ASSERT_TRUE(ds.is_object()) << "no Role sluice-node-daemonset";
+  EXPECT_EQ(ds["metadata"]["namespace"], ds_["metadata"]["namespace"]);
+  EXPECT_EQ(ds["rules"], json::array({{{"apiGroups", {"apps"}}, {"resources", {"daemonsets"}},
+                                       {"resourceNames", {ds_["metadata"]["name"]}}, {"verbs", {"get"}}}}));
+  const json subjects = json::array({{{"kind", "ServiceAccount"}, {"name", pod_["serviceAccountName"]},
+                                      {"namespace", ds_["metadata"]["namespace"]}}});
+  EXPECT_EQ(byName["ClusterRoleBinding/sluice-node-untaint"]["subjects"], subjects);
+  EXPECT_EQ(byName["ClusterRoleBinding/sluice-node-untaint"]["roleRef"]["name"], "sluice-node-untaint");
+  EXPECT_EQ(byName["RoleBinding/sluice-node-daemonset"]["subjects"], subjects);
+  EXPECT_EQ(byName["RoleBinding/sluice-node-daemonset"]["roleRef"]["name"], "sluice-node-daemonset");
+}
+
+// istiod's untaint controller (pilot/pkg/controllers/untaint/nodeuntainter.go)
+// counts a node's CNI agent by this label.
+TEST_F(DeployManifest, PodsCarryTheLabelIstiodsUntaintControllerLooksFor) {
+  EXPECT_EQ(ds_["spec"]["template"]["metadata"]["labels"]["k8s-app"], "istio-cni-node");
 }
 
 TEST_F(DeployManifest, NodeNameFromTheDownwardApi) {

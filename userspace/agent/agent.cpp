@@ -75,6 +75,7 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   if (a->metricsFd_.valid()) a->metricsThread_ = std::thread([p = a.get()] { p->acceptLoop(p->metricsFd_.get(), true); });
   if (options.reconcileInterval.count() > 0) a->reconcileThread_ = std::thread([p = a.get()] { p->reconcileLoop(); });
   if (options.istioSwitch != IstioSwitchMode::Off) a->istioThread_ = std::thread([p = a.get()] { p->istioLoop(); });
+  if (options.removeNodeTaint && a->kube_) a->untaintThread_ = std::thread([p = a.get()] { p->untaintLoop(); });
   // Handing back, sluice-cni leaves the chain: nothing puts it back.
   if (!options.cniConfDir.empty() && !handingBack) {
     cni::WatchOptions w{options.cniConfDir, options.cniAgentSocket.empty() ? options.socketPath : options.cniAgentSocket,
@@ -151,6 +152,7 @@ void Agent::stop() {
   if (metricsThread_.joinable()) metricsThread_.join();
   if (reconcileThread_.joinable()) reconcileThread_.join();
   if (istioThread_.joinable()) istioThread_.join();
+  if (untaintThread_.joinable()) untaintThread_.join();
   reapConnections(true);
   // The node proxy keeps its pods' proxies across a dropped connection and
   // gets a snapshot from the next agent.

@@ -64,6 +64,16 @@ struct AgentOptions {
   /// /healthz fails (503) when the datapath lock has been held this long,
   /// or a reconcile sweep runs this much longer than its interval.
   std::chrono::milliseconds wedgedAfter = std::chrono::seconds(10);
+  /// Once ready, remove the taint nodeTaintKey from this node (needs
+  /// Kubernetes): for clusters without istiod's untaint controller.
+  bool removeNodeTaint = false;
+  std::string nodeTaintKey = "cni.istio.io/not-ready";
+  /// This agent's DaemonSet (needs Kubernetes, cniConfDir and cniBinDir):
+  /// on SIGTERM, gone or being deleted means uninstall; "" never uninstalls.
+  std::string daemonSet;
+  std::string daemonSetNamespace;
+  /// Where sluice-cni's binary is (taken away on uninstall).
+  std::string cniBinDir;
 };
 
 /// "HOST:PORT" / "[V6]:PORT" → address for bind; errors name the input.
@@ -85,6 +95,18 @@ class Agent {
 
   /// Stops listening and serving; leaves the data plane as it is.
   void stop();
+
+  /// On SIGTERM: asks whether the agent's DaemonSet is being removed
+  /// (--daemonset); then stop(), and on an uninstall sluice-cni leaves the
+  /// chain, its binary goes, and the pinned state when no pod needs it.
+  /// An update, or an API that cannot be asked, changes nothing.
+  void shutdown();
+
+  /// What keeps the agent from being ready, one line each (empty: ready):
+  /// a private bpffs, programs not loaded, Kubernetes not synced,
+  /// sluice-cni not in the chain, the ZDS socket not served, wedged. Never
+  /// waits on the datapath.
+  std::vector<std::string> readiness() const;
 
   /// One request line → one response line (with its newline). Thread-safe.
   std::string handle(const std::string& line);
@@ -147,6 +169,14 @@ class Agent {
   void completeNodeSides();
   /// Refuses a bpffs private to this mount namespace unless allowed.
   Status checkBpffs();
+  /// --remove-node-taint: waits until ready, then removes the taint once.
+  void untaintLoop();
+  enum class Departure { Stay, Uninstall };
+  /// What SIGTERM means, asked of the API (one log line says which).
+  Departure departure();
+  /// sluice-cni out of the chain, its binary, and the node-wide pinned
+  /// state when no pod is enrolled.
+  void uninstallNode();
 
   AgentOptions options_;
   std::unique_ptr<Datapath> dp_;
@@ -156,7 +186,7 @@ class Agent {
   Fd apiFd_, metricsFd_, stopFd_;  ///< stopFd_: eventfd that wakes the loops
   uint16_t metricsPort_ = 0;
   std::atomic<bool> stopping_{false};
-  std::thread apiThread_, metricsThread_, reconcileThread_, istioThread_;
+  std::thread apiThread_, metricsThread_, reconcileThread_, istioThread_, untaintThread_;
   struct Conn {
     int fd = -1;
     bool metrics = false;  ///< served on the metrics listener

@@ -40,6 +40,7 @@ int main(int argc, char** argv) {
   int sig = 0;
   sigwait(&set, &sig);
   spdlog::info("got {}; stopping", sig == SIGTERM ? "SIGTERM" : "SIGINT");
-  (*a)->stop();
+  // An update stops; an uninstall (the DaemonSet gone) also cleans up.
+  (*a)->shutdown();
   return 0;
 }

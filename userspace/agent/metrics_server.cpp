@@ -1,4 +1,4 @@
-// The metrics listener (HTTP: /metrics, /healthz) and the metrics page.
+// The metrics listener (HTTP: /metrics, /healthz, /readyz) and the metrics page.
 #include "userspace/agent/agent.h"
 
 #include <arpa/inet.h>
@@ -114,9 +114,19 @@ void Agent::serveMetrics(int fd) {
         status = "503 Service Unavailable";
         body = "wedged: " + why + "\n";
       }
+    } else if (target == "/readyz") {
+      // Ready when sluice can enroll a pod: each missing piece on a line.
+      std::vector<std::string> missing = readiness();
+      if (missing.empty()) {
+        body = "ready\n";
+      } else {
+        status = "503 Service Unavailable";
+        body = "not ready:\n";
+        for (const auto& m : missing) body += "- " + m + "\n";
+      }
     } else {
       status = "404 Not Found";
-      body = "see /metrics\n";
+      body = "see /metrics, /healthz, /readyz\n";
     }
   }
   writeAll(fd, "HTTP/1.1 " + status + "\r\nContent-Type: " + type + "\r\nContent-Length: " + std::to_string(body.size()) +

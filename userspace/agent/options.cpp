@@ -19,6 +19,8 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                  [--cni-conf-name NAME] [--cni-owned-conflist] [--cni-owned-conflist-name NAME]
                  [--cni-unchained]]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
+               [--remove-node-taint [--node-taint-key KEY]]
+               [--daemonset NAME [--daemonset-namespace NS] --cni-bin-dir DIR]
                [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -78,12 +80,28 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            10000); also how long an idle connection is kept
   --wedged-after-ms MS     /healthz fails when the datapath lock is held this
                            long or a sweep is this late (default 10000)
+  --remove-node-taint      once ready (/readyz), remove the taint --node-taint-key
+                           from this node (a JSON patch on the Node; needs
+                           Kubernetes and RBAC get/patch on nodes), for clusters
+                           without istiod's untaint controller (default: off)
+  --node-taint-key KEY     the taint --remove-node-taint removes (default
+                           cni.istio.io/not-ready, Istio's)
+  --daemonset NAME         this agent's DaemonSet: on SIGTERM the agent asks the
+                           API whether it still exists; gone (404) or being
+                           deleted: sluice-cni leaves the chain of --cni-conf-dir
+                           and the binary --cni-bin-dir/sluice-cni goes (and the
+                           pinned state when no pod is enrolled); still there (an
+                           update) or the API unreachable: nothing changes.
+                           Needs Kubernetes, --cni-conf-dir and --cni-bin-dir
+  --daemonset-namespace NS its namespace (default $POD_NAMESPACE)
+  --cni-bin-dir DIR        the CNI bin dir sluice-cni was copied to (--daemonset)
   --version                print the version
 
 )") + kubeUsage() + R"(
 On start the agent loads its programs, switches every enrolled pod's hooks
 to them in place, removes pods whose netns is gone and repairs damaged ones.
-SIGTERM/SIGINT stop it; the data plane stays in place while it is down.
+SIGTERM/SIGINT stop it; the data plane stays in place while it is down
+(with --daemonset, unless its DaemonSet is gone: then it uninstalls).
 The API is documented in docs/agent-api.md.
 )";
 }
@@ -91,6 +109,7 @@ The API is documented in docs/agent-api.md.
 Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const EnvLookup& env) {
   DaemonArgs d;
   bool cniModeSet = false;
+  bool nodeTaintKeyGiven = false;
   auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& flag = args[i];
@@ -118,6 +137,10 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
       cniModeSet = true;
       continue;
     }
+    if (flag == "--remove-node-taint") {
+      d.agent.removeNodeTaint = true;
+      continue;
+    }
     if (flag == "--ztunnel-socket-takeover") {
       d.agent.ztunnelTakeover = true;
       continue;
@@ -133,7 +156,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
                                       "--tc-mode", "--capture", "--cgroup", "--pod-guard", "--reconcile-interval",
                                       "--ztunnel-socket", "--ztunnel-timeout-ms", "--cni-conf-dir",
                                       "--cni-agent-socket", "--max-connections", "--request-deadline-ms",
-                                      "--wedged-after-ms"};
+                                      "--wedged-after-ms", "--node-taint-key", "--daemonset",
+                                      "--daemonset-namespace", "--cni-bin-dir"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -175,6 +199,22 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     } else if (flag == "--cni-conf-dir") {
       if (v.empty() || v[0] != '/') return usageError("--cni-conf-dir needs an absolute path");
       d.agent.cniConfDir = v;
+    } else if (flag == "--node-taint-key") {
+      // A label key: an optional DNS-subdomain prefix and '/', a name.
+      const bool valid = !v.empty() && v.size() <= 317 && v.front() != '/' && v.back() != '/' &&
+                         std::count(v.begin(), v.end(), '/') <= 1 &&
+                         std::all_of(v.begin(), v.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '-' || c == '_' || c == '/'; });
+      if (!valid) return usageError("invalid --node-taint-key '" + v + "' (expected a taint key such as cni.istio.io/not-ready)");
+      d.agent.nodeTaintKey = v;
+      nodeTaintKeyGiven = true;
+    } else if (flag == "--daemonset" || flag == "--daemonset-namespace") {
+      const bool valid = !v.empty() && v.size() <= 253 &&
+                         std::all_of(v.begin(), v.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.'; });
+      if (!valid) return usageError("invalid " + flag + " '" + v + "' (expected a Kubernetes object name)");
+      (flag == "--daemonset" ? d.agent.daemonSet : d.agent.daemonSetNamespace) = v;
+    } else if (flag == "--cni-bin-dir") {
+      if (v.empty() || v[0] != '/') return usageError("--cni-bin-dir needs an absolute path");
+      d.agent.cniBinDir = v;
     } else if (flag == "--cni-agent-socket") {
       if (v.empty() || v[0] != '/') return usageError("--cni-agent-socket needs an absolute path");
       d.agent.cniAgentSocket = v;
@@ -206,6 +246,20 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
   if (cniModeSet && d.agent.cniConfDir.empty()) return usageError("--cni-conf-name, --cni-owned-conflist[-name] and "
                                                                   "--cni-unchained need --cni-conf-dir");
   if (Status st = cni::validateConfMode(d.agent.cniMode); !st.ok()) return usageError(st.error().message);
+  if (nodeTaintKeyGiven && !d.agent.removeNodeTaint) return usageError("--node-taint-key needs --remove-node-taint");
+  if (d.agent.removeNodeTaint && !d.agent.kube.enabled())
+    return usageError("--remove-node-taint needs Kubernetes (in a pod, or --kube-api)");
+  if (!d.agent.daemonSet.empty()) {
+    if (!d.agent.kube.enabled()) return usageError("--daemonset needs Kubernetes (in a pod, or --kube-api)");
+    if (d.agent.cniConfDir.empty() || d.agent.cniBinDir.empty())
+      return usageError("--daemonset needs --cni-conf-dir and --cni-bin-dir (what an uninstall takes sluice-cni out of)");
+    if (d.agent.daemonSetNamespace.empty()) d.agent.daemonSetNamespace = env("POD_NAMESPACE").value_or("");
+    if (d.agent.daemonSetNamespace.empty())
+      return usageError("--daemonset needs --daemonset-namespace or $POD_NAMESPACE (the downward API's metadata.namespace)");
+  } else if (!d.agent.daemonSetNamespace.empty()) {
+    return usageError("--daemonset-namespace needs --daemonset");
+  }
+  if (!d.agent.cniBinDir.empty() && d.agent.daemonSet.empty()) return usageError("--cni-bin-dir needs --daemonset");
   if (d.agent.ztunnelTakeover && d.agent.ztunnelSocket.empty())
     return usageError("--ztunnel-socket-takeover needs --ztunnel-socket");
   if (d.agent.istioSwitch == IstioSwitchMode::Takeover) {

@@ -125,6 +125,7 @@ Health Agent::health() {
   h.istio = istio_->status();
   h.bpffsScope = bpffsMount_.outlivesNamespace ? "host" : "private";
   h.bpffsScopeWhy = bpffsMount_.why;
+  h.notReady = readiness();
   return h;
 }
 

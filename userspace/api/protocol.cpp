@@ -326,7 +326,9 @@ json encodeHealth(const Health& h) {
           {"ztunnel_waiting", h.ztunnelWaiting},
           {"istio", h.istio},
           {"kube_api", h.kubeApi}, {"kube_synced", h.kubeSynced},
-          {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy}};
+          {"bpffs_scope", h.bpffsScope}, {"bpffs_scope_why", h.bpffsScopeWhy},
+          {"ready", h.notReady && h.notReady->empty()},
+          {"not_ready", h.notReady ? json(*h.notReady) : json(nullptr)}};
 }
 
 Result<Health> decodeHealth(const json& j) {
@@ -349,6 +351,11 @@ Result<Health> decodeHealth(const json& j) {
   SLUICE_TRY(flag(j, "kube_synced", h.kubeSynced));
   SLUICE_TRY(str(j, "bpffs_scope", h.bpffsScope));
   SLUICE_TRY(str(j, "bpffs_scope_why", h.bpffsScopeWhy));
+  if (j.contains("not_ready") && !j["not_ready"].is_null()) {  // newer agents
+    std::vector<std::string> missing;
+    SLUICE_TRY(strs(j, "not_ready", missing));
+    h.notReady = std::move(missing);
+  }
   return h;
 }
 

@@ -85,6 +85,10 @@ struct Health {
   /// goes with it (started with --allow-private-bpffs); "": not reported.
   std::string bpffsScope;
   std::string bpffsScopeWhy;  ///< how the agent decided, one phrase
+  /// What keeps the agent from being ready (/readyz), one line each: empty
+  /// when ready; nullopt when the agent does not report it (an older one).
+  /// On the wire "ready" (bool) and "not_ready" (array or null).
+  std::optional<std::vector<std::string>> notReady;
 };
 
 /// What check answers for an enrolled pod.

@@ -176,9 +176,9 @@ Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
 Status cmdDel(const Env& env, const NetConf& conf, const std::string& id) {
   auto client = connectAgent(conf);
   if (!client.ok()) {
-    if (client.error().code != kCniTryAgainLater) return client.error();
-    // Failing DEL would wedge the pod's teardown; the agent removes pods
-    // whose netns is gone when it starts (reconciliation).
+    // No agent to ask, whatever the reason (not running, uninstalled, a
+    // socket that refuses us): failing DEL would leave the pod Terminating;
+    // the agent removes pods whose netns is gone when it starts.
     spdlog::warn("{}; {} left for the agent's reconciliation", client.error().message, describePod(id, env));
     return {};
   }

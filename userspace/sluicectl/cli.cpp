@@ -488,6 +488,15 @@ std::string describeIstioNode(const istio::NodeState& n) {
          "them for sluice's pods). " + kTakeoverWould;
 }
 
+// "yes", "NO: a; b", or that the agent does not say (an older one).
+std::string describeAgentReady(const agent::Health& h) {
+  if (!h.notReady) return "not reported (an agent older than this sluicectl)";
+  if (h.notReady->empty()) return "yes: sluice can enroll pods (/readyz answers 200)";
+  std::string s = "NO (/readyz answers 503):";
+  for (size_t i = 0; i < h.notReady->size(); i++) s += (i ? "; " : " ") + (*h.notReady)[i];
+  return s;
+}
+
 std::string describeAgentKube(const agent::Health& h) {
   if (h.kubeApi.empty()) return "off: the agent enrolls every pod it is asked to";
   return h.kubeApi + (h.kubeSynced ? ", synced: the agent enrolls the pods in the ambient mesh"
@@ -561,7 +570,11 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                       {"bpffs_scope_why", bpffs->agent->bpffsScopeWhy},
                       {"kube_api", bpffs->agent->kubeApi},
                       {"kube_synced", bpffs->agent->kubeSynced},
-                      {"istio_switch", bpffs->agent->istio}};
+                      {"istio_switch", bpffs->agent->istio},
+                      {"ready", bpffs->agent->notReady ? nlohmann::json(bpffs->agent->notReady->empty())
+                                                       : nlohmann::json(nullptr)},
+                      {"not_ready", bpffs->agent->notReady ? nlohmann::json(*bpffs->agent->notReady)
+                                                           : nlohmann::json(nullptr)}};
     }
     if (istioNode)
       j["istio_node_agent"] = {{"present", istioNode->any()},
@@ -597,6 +610,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
       << "\n";
     o << "agent              "
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
+    if (bpffs->agent) o << "ready              " << describeAgentReady(*bpffs->agent) << "\n";
     if (bpffs->agent) o << "kubernetes         " << describeAgentKube(*bpffs->agent) << "\n";
     if (bpffs->agent && !bpffs->agent->istio.empty()) o << "istio switch       " << bpffs->agent->istio << "\n";
   }

@@ -191,6 +191,10 @@ std::string podPath(const std::string& ns, const std::string& name) { return pod
 std::string podStatusPath(const std::string& ns, const std::string& name) { return podPath(ns, name) + "/status"; }
 std::string namespacesPath() { return "/api/v1/namespaces"; }
 std::string namespacePath(const std::string& name) { return namespacesPath() + "/" + escape(name); }
+std::string nodePath(const std::string& name) { return "/api/v1/nodes/" + escape(name); }
+std::string daemonSetPath(const std::string& ns, const std::string& name) {
+  return "/apis/apps/v1/namespaces/" + escape(ns) + "/daemonsets/" + escape(name);
+}
 
 // One HTTP exchange and what came back.
 struct Client::Request {
@@ -552,11 +556,19 @@ Result<WatchEnd> Client::watch(const std::string& path, const WatchOptions& o,
 }
 
 Result<json> Client::mergePatch(const std::string& path, const json& patch, std::stop_token stop) {
+  return sendPatch(path, patch, "application/merge-patch+json", stop);
+}
+
+Result<json> Client::jsonPatch(const std::string& path, const json& operations, std::stop_token stop) {
+  return sendPatch(path, operations, "application/json-patch+json", stop);
+}
+
+Result<json> Client::sendPatch(const std::string& path, const json& body, const char* contentType, std::stop_token stop) {
   Request req;
   req.method = "PATCH";
   req.path = path;
-  req.body = patch.dump();
-  req.contentType = "application/merge-patch+json";
+  req.body = body.dump();
+  req.contentType = contentType;
   auto status = perform(req, stop);
   if (!status) return status.error();
   if (*status / 100 != 2) return httpError(*status, req.response, req.what());

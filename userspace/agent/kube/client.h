@@ -139,6 +139,9 @@ class Client {
 
   /// PATCH PATH with an application/merge-patch+json body: the object after.
   Result<nlohmann::json> mergePatch(const std::string& path, const nlohmann::json& patch, std::stop_token stop = {});
+  /// PATCH PATH with an application/json-patch+json body (RFC 6902
+  /// operations): the object after. A "test" that fails is HTTP 422.
+  Result<nlohmann::json> jsonPatch(const std::string& path, const nlohmann::json& operations, std::stop_token stop = {});
 
   /// The token the next request sends (re-read when the file changed);
   /// exposed for tests and for the agent's status.
@@ -156,6 +159,8 @@ class Client {
   /// Runs one request; retries once with a re-read token after a 401.
   Result<long> perform(Request& req, std::stop_token stop);
   Result<long> performOnce(Request& req, const std::string& token, std::stop_token stop);
+  Result<nlohmann::json> sendPatch(const std::string& path, const nlohmann::json& body, const char* contentType,
+                                   std::stop_token stop);
   /// libcurl's write callback (userdata: the Request).
   static size_t onData(char* data, size_t size, size_t n, void* userdata);
   /// libcurl's header callback: notices the end of a 200 answer's headers.
@@ -186,5 +191,9 @@ std::string podStatusPath(const std::string& namespaceName, const std::string& n
 std::string namespacesPath();
 /// /api/v1/namespaces/NAME.
 std::string namespacePath(const std::string& name);
+/// /api/v1/nodes/NAME.
+std::string nodePath(const std::string& name);
+/// /apis/apps/v1/namespaces/NS/daemonsets/NAME.
+std::string daemonSetPath(const std::string& namespaceName, const std::string& name);
 
 }  // namespace sluice::kube

@@ -223,6 +223,53 @@ std::vector<kube::EnrolledPod> KubeWiring::listEnrolled() {
   return out;
 }
 
+Result<bool> KubeWiring::removeNodeTaint(const std::string& key) {
+  const std::string path = kube::nodePath(options_.nodeName);
+  // Istio's untaint controller's patch (pilot/pkg/controllers/untaint/
+  // nodeuntainter.go): test that the taints are still what was read, then
+  // replace them without @p key; a node changed in between is read again.
+  Error last = Error::msg("not tried", EIO);
+  for (int attempt = 0; attempt < 5; attempt++) {
+    auto node = client_->get(path);
+    SLUICE_TRY(node);
+    const nlohmann::json taints = node->contains("spec") && (*node)["spec"].value("taints", nlohmann::json()).is_array()
+                                      ? (*node)["spec"]["taints"]
+                                      : nlohmann::json::array();
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& t : taints)
+      if (!t.is_object() || t.value("key", "") != key) kept.push_back(t);
+    if (kept.size() == taints.size()) return false;
+    nlohmann::json ops = nlohmann::json::array({{{"op", "test"}, {"path", "/spec/taints"}, {"value", taints}},
+                                                {{"op", "replace"}, {"path", "/spec/taints"}, {"value", kept}}});
+    auto patched = client_->jsonPatch(path, ops);
+    if (patched.ok()) return true;
+    // 422: the test failed (the taints changed since the GET); 409: a conflict.
+    if (!kube::isHttpStatus(patched.error(), 422) && !kube::isHttpStatus(patched.error(), 409)) return patched.error();
+    last = patched.error();
+  }
+  return last;
+}
+
+Result<DaemonSetState> KubeWiring::daemonSetState(const std::string& ns, const std::string& name,
+                                                  std::chrono::milliseconds timeout) {
+  // A client of its own: this question must be answered within @p timeout.
+  kube::ClientConfig cfg = client_->config();
+  cfg.requestTimeout = timeout;
+  cfg.connectTimeout = std::min(cfg.connectTimeout, timeout);
+  auto client = kube::Client::create(cfg);
+  SLUICE_TRY(client);
+  auto ds = (*client)->get(kube::daemonSetPath(ns, name));
+  if (!ds.ok()) {
+    if (kube::isNotFound(ds.error())) return DaemonSetState{false, ""};
+    return ds.error();
+  }
+  DaemonSetState s;
+  s.present = true;
+  if (ds->contains("metadata") && (*ds)["metadata"].value("deletionTimestamp", nlohmann::json()).is_string())
+    s.deletionTimestamp = (*ds)["metadata"]["deletionTimestamp"].get<std::string>();
+  return s;
+}
+
 KubeCounters KubeWiring::counters() const {
   return {controller_->stats(), cniEnrolled_.load(), cniNotInMesh_.load(), cniErrors_.load(), cniByHand_.load()};
 }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -50,6 +51,13 @@ struct AgentDataplane {
   /// connected to Istio's node agent, which handed it this pod: it serves
   /// it, and the snapshot of the takeover keeps it. May be empty.
   std::function<bool(const std::string& id)> servedByIstio;
+};
+
+/// What the API says of a DaemonSet: absent (404), or present and maybe
+/// being deleted (metadata.deletionTimestamp).
+struct DaemonSetState {
+  bool present = false;
+  std::string deletionTimestamp;  ///< "" when not being deleted
 };
 
 /// The registry id of a running pod the controller enrolls ("k8s-" + uid);
@@ -94,6 +102,16 @@ class KubeWiring {
   bool ready() const;
   /// The API the agent talks to ("in cluster" or the URL).
   std::string apiDescription() const;
+
+  /// Removes every taint with key @p key from this node (--node-name) as
+  /// Istio's untaint controller does: a JSON patch that tests the taints
+  /// read and replaces them (read again when they changed meanwhile).
+  /// True when one was removed, false when the node had none.
+  Result<bool> removeNodeTaint(const std::string& key);
+  /// The DaemonSet NS/NAME as the API has it, asked within @p timeout; an
+  /// error when the API did not answer (or answered other than 200/404).
+  Result<DaemonSetState> daemonSetState(const std::string& ns, const std::string& name,
+                                        std::chrono::milliseconds timeout);
 
   /// The counters the agent exports as sluice_kube_* metrics.
   KubeCounters counters() const;

@@ -1,0 +1,167 @@
+// The agent's life on a node beyond serving: when it is ready (/readyz,
+// health's not_ready), removing the node's readiness taint once it is
+// (--remove-node-taint), and what SIGTERM means (an update: nothing
+// changes; an uninstall: sluice-cni leaves the chain, the node's pieces
+// go). deploy/README.md, "Readiness" and "Removing sluice".
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "loader/bpffs.h"
+#include "loader/sock_hooks.h"
+#include "userspace/agent/agent.h"
+#include "userspace/agent/io.h"
+#include "userspace/cni/install.h"
+
+namespace sluice::agent {
+
+namespace {
+
+// "" when the config the runtime uses (the lexically first of the dir)
+// names sluice-cni among its plugins; otherwise what is missing.
+std::string chainProblem(const std::string& confDir) {
+  auto files = cni::configFiles(confDir);
+  if (!files.ok()) return "cannot read the CNI config dir: " + files.error().message;
+  if (files->empty()) return "no CNI config in " + confDir + " yet (the primary CNI has not written its own)";
+  const std::string path = (std::filesystem::path(confDir) / files->front()).string();
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (j.is_discarded() || !j.is_object()) return path + " (the config the runtime uses) is not a JSON object";
+  const nlohmann::json single = nlohmann::json::array({j});
+  const nlohmann::json& plugins = j.contains("plugins") && j["plugins"].is_array() ? j["plugins"] : single;
+  for (const auto& p : plugins)
+    if (p.is_object() && p.value("type", "") == "sluice-cni") return "";
+  return "sluice-cni is not in the plugin chain of " + path + " (the config the runtime uses)";
+}
+
+}  // namespace
+
+std::vector<std::string> Agent::readiness() const {
+  std::vector<std::string> missing;
+  if (!bpffsMount_.outlivesNamespace)
+    missing.push_back("bpffs: " + options_.datapath.bpffsRoot + " is private to the agent's mount namespace (" +
+                      bpffsMount_.why + "): every pin goes with it");
+  if (!dp_) missing.push_back("programs: not loaded yet");
+  if (kube_ && !kube_->ready())
+    missing.push_back("kubernetes: the pods and namespaces informers have not synced yet with " +
+                      kube_->apiDescription());
+  const bool handingBack = options_.istioSwitch == IstioSwitchMode::HandBack;
+  if (!options_.cniConfDir.empty() && !handingBack)
+    if (std::string why = chainProblem(options_.cniConfDir); !why.empty()) missing.push_back("cni: " + why);
+  if (!options_.ztunnelSocket.empty() && !handingBack) {
+    if (!zds_)
+      missing.push_back("zds: " + options_.ztunnelSocket + " is not served");
+    else if (std::string why = zds_->waiting(); !why.empty())
+      missing.push_back("zds: " + why);
+    else if (zds_->socketReplaced())
+      missing.push_back("zds: another process has put its own socket at " + options_.ztunnelSocket);
+  }
+  if (std::string why = wedged(); !why.empty()) missing.push_back("wedged: " + why);
+  return missing;
+}
+
+void Agent::untaintLoop() {
+  const std::string& key = options_.nodeTaintKey;
+  const std::string& node = options_.kube.nodeName;
+  auto delay = std::chrono::milliseconds(500);
+  std::string lastProblem;
+  std::unique_lock<std::mutex> lk(sweepMu_);
+  while (!stopping_) {
+    sweepCv_.wait_for(lk, delay, [this] { return stopping_.load(); });
+    if (stopping_) return;
+    lk.unlock();
+    std::vector<std::string> missing = readiness();
+    std::string problem;
+    if (missing.empty()) {
+      auto removed = kube_->removeNodeTaint(key);
+      if (removed.ok()) {
+        if (*removed)
+          spdlog::info("node {}: removed its taint {} (the agent is ready)", node, key);
+        else
+          spdlog::info("node {} has no taint {}; nothing to remove", node, key);
+        return;
+      }
+      problem = "could not remove taint " + key + " from node " + node + ": " + removed.error().message;
+      delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(30));
+    }
+    // Once per change, not once per attempt.
+    if (!problem.empty() && problem != lastProblem) spdlog::warn("{} (retrying)", problem);
+    lastProblem = problem;
+    lk.lock();
+  }
+}
+
+Agent::Departure Agent::departure() {
+  if (options_.daemonSet.empty()) return Departure::Stay;
+  const std::string ds = options_.daemonSetNamespace + "/" + options_.daemonSet;
+  if (!kube_) {
+    spdlog::info("stopping: no Kubernetes client to ask whether DaemonSet {} is being removed; not uninstalling", ds);
+    return Departure::Stay;
+  }
+  // Within the pod's grace period: three questions, each bounded, a second
+  // apart (Istio's agent asks as often: cni/pkg/nodeagent/server.go).
+  Error last = Error::msg("not asked", EIO);
+  for (int attempt = 0; attempt < 3; attempt++) {
+    if (attempt) std::this_thread::sleep_for(std::chrono::seconds(1));
+    auto state = kube_->daemonSetState(options_.daemonSetNamespace, options_.daemonSet, std::chrono::seconds(5));
+    if (state.ok()) {
+      if (state->present && state->deletionTimestamp.empty()) {
+        spdlog::info("stopping: DaemonSet {} is still there (an update or a restart): the CNI chain, sluice-cni and "
+                     "the pinned state stay as they are",
+                     ds);
+        return Departure::Stay;
+      }
+      spdlog::info("stopping: DaemonSet {} {}: uninstalling sluice from this node", ds,
+                   state->present ? "is being deleted (deletionTimestamp " + state->deletionTimestamp + ")"
+                                  : std::string("is gone (404)"));
+      return Departure::Uninstall;
+    }
+    last = state.error();
+  }
+  spdlog::warn("stopping: cannot ask whether DaemonSet {} is being removed ({}); not uninstalling: the CNI chain, "
+               "sluice-cni and the pinned state stay as they are",
+               ds, last.message);
+  return Departure::Stay;
+}
+
+void Agent::uninstallNode() {
+  // The chains first, then the binary (cni::uninstall's order): a runtime
+  // never finds a chain naming a plugin that is gone.
+  cni::InstallOptions io;
+  io.confDir = options_.cniConfDir;
+  io.binDir = options_.cniBinDir;
+  auto done = cni::uninstall(io);
+  if (done.ok())
+    for (const auto& a : *done) spdlog::info("uninstall: {}", a);
+  else
+    spdlog::error("uninstall: sluice-cni could not be taken out of {}: {}", io.confDir, done.error().message);
+  const std::string& root = options_.datapath.bpffsRoot;
+  const size_t pods = dp_ ? dp_->listPods().size() : 0;
+  if (pods) {
+    spdlog::info("uninstall: {} pod(s) stay enrolled and keep their redirection until they are re-created; the "
+                 "pinned state under {} stays for them (remove it once they are gone: deploy/README.md)",
+                 pods, root);
+    return;
+  }
+  // No pod needs them: the node-wide hooks (socket mode's cgroup hooks),
+  // the pod guard, the programs and maps.
+  if (Status st = removeNodeHooks(root); !st.ok()) spdlog::warn("uninstall: node hooks: {}", st.error().message);
+  if (Status st = removeTree(root); st.ok())
+    spdlog::info("uninstall: no pod was enrolled; removed the node's pinned state {}", root);
+  else
+    spdlog::error("uninstall: could not remove {}: {}", root, st.error().message);
+}
+
+void Agent::shutdown() {
+  const Departure d = departure();
+  stop();
+  if (d == Departure::Uninstall) uninstallNode();
+}
+
+}  // namespace sluice::agent
