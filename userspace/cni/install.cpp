@@ -105,6 +105,15 @@ std::string findPrimary(const std::string& confDir, const std::vector<std::strin
   return "";
 }
 
+// The keys every network configuration has (the runtime injects them into
+// each plugin's config).
+Status requireVersionAndName(const ordered_json& j, const std::string& file, const std::string& what) {
+  for (const auto& key : {"cniVersion", "name"})
+    if (!j.contains(key) || !j[key].is_string())
+      return Error::msg(file + " has no \"" + std::string(key) + "\": not a valid " + what, EINVAL);
+  return {};
+}
+
 Error notYet(const std::string& confDir, const ConfMode& mode) {
   if (!mode.confName.empty())
     return Error::msg("the primary CNI configuration " + (fs::path(confDir) / mode.confName).string() +
@@ -211,9 +220,7 @@ Result<std::vector<std::string>> configFiles(const std::string& confDir) {
 Result<ordered_json> withSluice(const ordered_json& conflist, const std::string& agentSocket, const std::string& file) {
   if (!conflist.is_object() || !conflist.contains("plugins") || !conflist["plugins"].is_array())
     return Error::msg(file + " has no \"plugins\" array: not a CNI conflist", EINVAL);
-  for (const auto& key : {"cniVersion", "name"})
-    if (!conflist.contains(key) || !conflist[key].is_string())
-      return Error::msg(file + " has no \"" + std::string(key) + "\": not a valid CNI conflist", EINVAL);
+  SLUICE_TRY(requireVersionAndName(conflist, file, "CNI conflist"));
   bool removed = false;
   ordered_json out = withoutSluice(conflist, removed);
   for (const auto& p : out["plugins"])
@@ -270,9 +277,7 @@ Result<ordered_json> asConflist(const ordered_json& config, const std::string& f
   if (config.is_object() && config.contains("plugins")) return config;
   if (!config.is_object() || !config.contains("type") || !config["type"].is_string())
     return Error::msg(file + " has neither \"plugins\" nor \"type\": not a CNI network configuration", EINVAL);
-  for (const auto& key : {"cniVersion", "name"})
-    if (!config.contains(key) || !config[key].is_string())
-      return Error::msg(file + " has no \"" + std::string(key) + "\": not a valid CNI network configuration", EINVAL);
+  SLUICE_TRY(requireVersionAndName(config, file, "CNI network configuration"));
   ordered_json plugin = config;
   plugin.erase("cniVersion");
   plugin.erase("name");
