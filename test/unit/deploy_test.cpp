@@ -142,12 +142,14 @@ TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
   EXPECT_EQ(init["image"], container("containers", "sluiced")["image"]);
   EXPECT_EQ(init["command"], json({"/usr/local/bin/sluice-cni", "install", "--cni-conf-dir", "/host/etc/cni/net.d",
                                    "--cni-bin-dir", "/host/opt/cni/bin", "--agent-socket",
-                                   "/var/run/sluice/agent.sock"}));
+                                   "/var/run/sluice/agent.sock", "--kubeconfig", "/var/run/sluice/cni-kubeconfig"}));
   EXPECT_EQ(hostPathAt(init, "/host/opt/cni/bin"), "/opt/cni/bin");
   EXPECT_EQ(hostPathAt(init, "/host/etc/cni/net.d"), "/etc/cni/net.d");
   // The socket it writes into the chain is the one the agent serves.
   const auto& agentArgs = container("containers", "sluiced")["args"];
-  EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), init["command"].back()), agentArgs.end());
+  EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), init["command"][7]), agentArgs.end());
+  // The plugin on the host reads the kubeconfig at the path written here.
+  EXPECT_EQ(hostPathAt(init, "/var/run/sluice"), "/var/run/sluice");
 }
 
 // The agent's Kubernetes client (userspace/agent/kube) needs exactly this

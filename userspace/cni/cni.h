@@ -18,6 +18,7 @@
 
 #include "base/result.h"
 #include "base/tc_mode.h"
+#include "userspace/cni/mesh_check.h"
 #include "userspace/cni/plugin.h"
 
 namespace sluice::cni {
@@ -82,6 +83,9 @@ struct NetConf {
   std::string logFormat = "text";
   /// Also append the log to this file (absolute path); "" = stderr only.
   std::string logFile;
+  /// How to judge a pod when the agent cannot be reached (kubeconfig,
+  /// excludeNamespaces, enablementSelectors).
+  MeshConfig mesh;
   /// The previous plugin's result, kept with its key order so ADD can
   /// return it unchanged.
   std::optional<nlohmann::ordered_json> prevResult;

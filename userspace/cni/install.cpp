@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -87,6 +88,8 @@ Result<InstallOptions> parseInstallArgs(const std::vector<std::string>& args, bo
       if (o.agentSocket.front() != '/') return Error::msg("--agent-socket must be an absolute path", EINVAL);
     } else if (forInstall && a == "--binary") {
       SLUICE_TRY(value(o.binary));
+    } else if (auto mesh = forInstall ? parseMeshInstallFlag(o.mesh, args, i) : Result<bool>(false); !mesh.ok() || *mesh) {
+      SLUICE_TRY(mesh);
     } else {
       return Error::msg("unknown argument '" + a + "'", EINVAL);
     }
@@ -199,6 +202,12 @@ Result<Actions> install(const InstallOptions& o) {
   SLUICE_TRY(plan);
 
   Actions actions;
+  auto meshKeys = installMesh(o.mesh, [](const char* n) -> std::optional<std::string> {
+    const char* v = std::getenv(n);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  }, actions);
+  SLUICE_TRY(meshKeys);
+  for (const auto& [k, v] : meshKeys->items()) plan->updated["plugins"].back()[k] = v;
   // The binary first: a chain naming a plugin the runtime can't find would
   // fail every pod's start.
   const std::string bin = (fs::path(o.binDir) / kPluginType).string();

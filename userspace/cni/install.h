@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "userspace/cni/mesh_install.h"
 
 namespace sluice::cni {
 
@@ -18,6 +19,9 @@ struct InstallOptions {
   std::string binDir;   ///< --cni-bin-dir (e.g. /opt/cni/bin)
   std::string agentSocket = "/var/run/sluice/agent.sock";  ///< written as agentSocket
   std::string binary = "/proc/self/exe";                   ///< what is copied to binDir/sluice-cni
+  /// --kubeconfig, --service-account-dir, --exclude-namespaces,
+  /// --ambient-enablement-selector (mesh_install.h).
+  MeshInstallOptions mesh;
 };
 
 /// Parses the arguments after `install` / `uninstall` (uninstall takes no
