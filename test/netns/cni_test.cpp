@@ -728,8 +728,10 @@ TEST_F(Cni, RelativeNetnsIsRecordedAbsolute) {
   expectNoPodState();
 }
 
-// Fail closed: with the agent down, ADD is a CNI error ("try again later")
-// and enrolls nothing; the runtime's clean-up DEL of the chain succeeds.
+// Fail closed: with the agent down and no Kubernetes credentials to judge
+// the pod by (CniKube below has them), ADD is a CNI error ("try again
+// later") and enrolls nothing; the runtime's clean-up DEL of the chain
+// succeeds.
 TEST_F(Cni, AddWithTheAgentDownFailsClosedAndLeavesNothing) {
   startAgent();
   ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
@@ -939,12 +941,7 @@ class CniKube : public Cni {
                                      api_->tokenFile(), "--kube-ca-file", api_->caFile(), "--node-name", "node-a"};
     args.insert(args.end(), extra.begin(), extra.end());
     ASSERT_NO_FATAL_FAILURE(startAgent(args));
-    ASSERT_TRUE(eventually([&] {
-      auto c = agent_->client();
-      if (!c.ok()) return false;
-      auto h = c->health();
-      return h.ok() && h->kubeSynced;
-    }, 15s)) << "the agent never synced with the API server";
+    ASSERT_TRUE(agent_->waitKubeSynced(15s)) << "the agent never synced with the API server";
   }
 
   /// ADD passed the pod through: exit 0 and the main plugin's result

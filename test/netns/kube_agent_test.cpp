@@ -100,12 +100,7 @@ class KubeAgent : public ::testing::Test {
     auto a = AgentProcess::start(bpffs_.root(), agentArgs(), tmp_.file("agent.sock"));
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
-    ASSERT_TRUE(eventually([&] {
-      auto c = agent_->client();
-      if (!c.ok()) return false;
-      auto h = c->health();
-      return h.ok() && h->kubeSynced;
-    }, 15s)) << "the agent never synced with the API server";
+    ASSERT_TRUE(agent_->waitKubeSynced(15s)) << "the agent never synced with the API server";
   }
 
   NodeProxyStandIn& startProxy() {

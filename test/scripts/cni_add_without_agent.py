@@ -33,7 +33,8 @@ SERVER = os.path.join(HERE, "..", "apiserver", "apiserver.py")
 def admin(port, body):
     req = urllib.request.Request(f"http://127.0.0.1:{port}/admin/apply", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"}, method="POST")
-    with urllib.request.urlopen(req, timeout=10) as r:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=10) as r:
         return json.load(r)
 
 
@@ -60,7 +61,7 @@ def main():
             ops.append({"op": "create", "kind": "pods", "object": {
                 "metadata": {"name": name, "namespace": ns}, "spec": {"nodeName": "node-a", "containers": [{"name": "c"}]},
                 "status": {"phase": "Running", "podIP": "10.1.0.5", "podIPs": [{"ip": "10.1.0.5"}]}}})
-        admin(ports["admin_port"], ops)
+        admin(ports["admin_port"], {"ops": ops})
         # sluice-cni install writes the kubeconfig (into a scratch chain).
         for d in ("net.d", "bin"):
             os.makedirs(os.path.join(work, d))

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "test/common/apiserver.h"
 #include "test/common/tempdir.h"
 #include "userspace/cni/cni.h"
 #include "userspace/cni/kube_get.h"
@@ -42,7 +43,9 @@ TEST(CniHttp, BrokenResponsesAreProtocolErrors) {
                           "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "HTTP/1.1 20 OK\r\n\r\n"}) {
     auto r = parseHttpResponse(raw);
     EXPECT_FALSE(r.ok()) << raw;
-    if (!r.ok()) EXPECT_EQ(r.error().code, EPROTO) << raw;
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().code, EPROTO) << raw;
+    }
   }
 }
 
@@ -62,7 +65,9 @@ TEST(CniHttp, ServerIsAnIpAndAPort) {
                           "https://10.0.0.1:99999", "https://[fd00::1", "https://10.0.0.1:x"}) {
     auto r = parseServer(bad);
     EXPECT_FALSE(r.ok()) << bad;
-    if (!r.ok()) EXPECT_EQ(r.error().code, EINVAL) << bad;
+    if (!r.ok()) {
+      EXPECT_EQ(r.error().code, EINVAL) << bad;
+    }
   }
   EXPECT_NE(parseServer("https://kubernetes.default.svc:443").error().message.find("resolves no names"), std::string::npos);
 }
@@ -211,6 +216,55 @@ TEST(CniMeshInstall, FlagsAndTheEntrysKeys) {
   std::vector<std::string> missing = {"--kubeconfig"};
   i = 0;
   EXPECT_FALSE(parseMeshInstallFlag(o, missing, i).ok());
+}
+
+// The plugin's GET against the test API server (TLS, token): an object, a
+// missing one, refused credentials, a CA that signed nothing it presents,
+// and the server away — each with its code and a one-line message.
+class CniKubeGet : public test::ApiServerTest {
+ protected:
+  KubeCredentials creds(const std::string& token = "") const {
+    KubeCredentials c;
+    c.server = server_->url();
+    c.caPem = test::readTextFile(server_->caFile());
+    c.token = token.empty() ? test::readTextFile(server_->tokenFile()) : token;
+    while (!c.token.empty() && c.token.back() == '\n') c.token.pop_back();
+    return c;
+  }
+  static constexpr std::chrono::milliseconds kTimeout{5000};
+};
+
+TEST_F(CniKubeGet, ObjectsMissingAndRefused) {
+  auto ns = kubeGetObject(creds(), "/api/v1/namespaces/shop", kTimeout);
+  ASSERT_TRUE(ns.ok()) << ns.error().message;
+  EXPECT_EQ((*ns)["metadata"]["name"], "shop");
+  auto missing = kubeGetObject(creds(), "/api/v1/namespaces/shop/pods/nope", kTimeout);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_EQ(missing.error().code, ENOENT);
+  EXPECT_EQ(missing.error().message.rfind("GET /api/v1/namespaces/shop/pods/nope: 404", 0), 0u) << missing.error().message;
+  auto refused = kubeGetObject(creds("not-the-token"), "/api/v1/namespaces/shop", kTimeout);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, EACCES);
+  EXPECT_EQ(refused.error().message, "GET /api/v1/namespaces/shop: 401 Unauthorized");
+}
+
+TEST_F(CniKubeGet, AnotherCaIsRefusedAndAnAbsentServerNamed) {
+  KubeCredentials other = creds();
+  other.caPem = test::readTextFile(server_->otherCaFile());
+  auto r = httpsGet(other, "/api/v1/namespaces/shop", kTimeout);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, EPROTO);
+  EXPECT_NE(r.error().message.find("the server's certificate: "), std::string::npos) << r.error().message;
+  KubeCredentials noCa = creds();
+  noCa.caPem = "not PEM";
+  EXPECT_FALSE(httpsGet(noCa, "/", kTimeout).ok());
+
+  ASSERT_TRUE(server_->fault({{"down", true}}).ok());
+  auto down = httpsGet(creds(), "/api/v1/namespaces/shop", kTimeout);
+  ASSERT_FALSE(down.ok());
+  EXPECT_EQ(down.error().message.find('\n'), std::string::npos) << down.error().message;
+  EXPECT_NE(down.error().message.find("127.0.0.1:" + std::to_string(server_->port())), std::string::npos)
+      << down.error().message;
 }
 
 }  // namespace

@@ -511,6 +511,12 @@ Installing into the node's CNI configuration:
       copies this binary (or PATH) to DIR/sluice-cni and appends
       {"type":"sluice-cni",...} to the plugins of the primary (lexically
       first) *.conflist; idempotent, atomic (temporary file + rename)
+    [--kubeconfig PATH [--service-account-dir DIR]]
+      also writes the pod's service account (token, ca.crt,
+      KUBERNETES_SERVICE_HOST/PORT) as a kubeconfig at PATH (mode 0600) and
+      names it in the entry, for judging pods while the agent is away
+    [--exclude-namespaces NS,...] [--ambient-enablement-selector TEXT]
+      the agent's rules for the entry (default $AMBIENT_ENABLEMENT_SELECTOR)
   sluice-cni uninstall --cni-conf-dir DIR --cni-bin-dir DIR
       removes the entry from every *.conflist there, and the binary
 
