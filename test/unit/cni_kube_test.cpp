@@ -9,6 +9,7 @@
 #include "test/common/apiserver.h"
 #include "test/common/tempdir.h"
 #include "userspace/cni/cni.h"
+#include "userspace/cni/install.h"
 #include "userspace/cni/kube_get.h"
 #include "userspace/cni/kubeconfig.h"
 #include "userspace/cni/mesh_check.h"
@@ -85,7 +86,7 @@ TEST(CniKubeconfig, WrittenFromTheServiceAccountAndReadBack) {
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->server, "https://10.96.0.1:443");
   EXPECT_EQ(c->token, "secret-token");
-  ASSERT_TRUE(writeKubeconfig(tmp.file("kubeconfig"), *c).ok());
+  ASSERT_TRUE(writeFileAtomic(tmp.file("kubeconfig"), kubeconfigText(*c), 0600).ok());
   struct stat st {};
   ASSERT_EQ(::stat(tmp.file("kubeconfig").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -198,18 +199,18 @@ TEST(CniMeshInstall, FlagsAndTheEntrysKeys) {
   ASSERT_TRUE(*parseMeshInstallFlag(o, args, i));
   ASSERT_TRUE(*parseMeshInstallFlag(o, args, ++i));
   EXPECT_FALSE(*parseMeshInstallFlag(o, args, ++i));
-  std::vector<std::string> done;
   auto noEnv = [](const char*) { return std::optional<std::string>(); };
-  auto keys = installMesh(o, noEnv, done);
-  ASSERT_TRUE(keys.ok()) << keys.error().message;
-  EXPECT_EQ((*keys)["excludeNamespaces"], ordered_json::parse(R"(["kube-system","infra"])"));
-  EXPECT_EQ((*keys)["enablementSelectors"], ordered_json::parse(R"([{"podSelector":{"matchLabels":{"app":"x"}}}])"));
-  EXPECT_FALSE(keys->contains("kubeconfig"));
+  auto plan = planMeshInstall(o, noEnv);
+  ASSERT_TRUE(plan.ok()) << plan.error().message;
+  EXPECT_EQ(plan->keys["excludeNamespaces"], ordered_json::parse(R"(["kube-system","infra"])"));
+  EXPECT_EQ(plan->keys["enablementSelectors"], ordered_json::parse(R"([{"podSelector":{"matchLabels":{"app":"x"}}}])"));
+  EXPECT_FALSE(plan->keys.contains("kubeconfig"));
+  EXPECT_EQ(plan->kubeconfigPath, "");
   // The defaults add no key; a bad selector from the environment is named.
-  auto none = installMesh(MeshInstallOptions{}, noEnv, done);
+  auto none = planMeshInstall(MeshInstallOptions{}, noEnv);
   ASSERT_TRUE(none.ok());
-  EXPECT_TRUE(none->empty());
-  auto bad = installMesh(MeshInstallOptions{}, [](const char*) { return std::optional<std::string>("- {}"); }, done);
+  EXPECT_TRUE(none->keys.empty());
+  auto bad = planMeshInstall(MeshInstallOptions{}, [](const char*) { return std::optional<std::string>("- {}"); });
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().message.rfind("invalid AMBIENT_ENABLEMENT_SELECTOR: enablement selector [0]", 0), 0u)
       << bad.error().message;

@@ -202,12 +202,17 @@ Result<Actions> install(const InstallOptions& o) {
   SLUICE_TRY(plan);
 
   Actions actions;
-  auto meshKeys = installMesh(o.mesh, [](const char* n) -> std::optional<std::string> {
+  auto mesh = planMeshInstall(o.mesh, [](const char* n) -> std::optional<std::string> {
     const char* v = std::getenv(n);
     return v ? std::optional<std::string>(v) : std::nullopt;
-  }, actions);
-  SLUICE_TRY(meshKeys);
-  for (const auto& [k, v] : meshKeys->items()) plan->updated["plugins"].back()[k] = v;
+  });
+  SLUICE_TRY(mesh);
+  if (!mesh->kubeconfigPath.empty()) {
+    SLUICE_TRY(writeFileAtomic(mesh->kubeconfigPath, mesh->kubeconfigText, 0600));
+    actions.push_back("wrote the Kubernetes credentials for the API at " + mesh->server + " to " + mesh->kubeconfigPath +
+                      " (mode 0600)");
+  }
+  for (const auto& [k, v] : mesh->keys.items()) plan->updated["plugins"].back()[k] = v;
   // The binary first: a chain naming a plugin the runtime can't find would
   // fail every pod's start.
   const std::string bin = (fs::path(o.binDir) / kPluginType).string();

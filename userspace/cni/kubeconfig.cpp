@@ -6,7 +6,6 @@
 #include <fstream>
 #include <sstream>
 
-#include "userspace/cni/install.h"
 
 namespace sluice::cni {
 
@@ -130,8 +129,6 @@ Result<KubeCredentials> serviceAccountCredentials(const std::string& dir, const 
   return c;
 }
 
-Status writeKubeconfig(const std::string& path, const KubeCredentials& c) {
-  return writeFileAtomic(path, kubeconfigJson(c).dump(2) + "\n", 0600);
-}
+std::string kubeconfigText(const KubeCredentials& c) { return kubeconfigJson(c).dump(2) + "\n"; }
 
 }  // namespace sluice::cni

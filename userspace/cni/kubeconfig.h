@@ -51,7 +51,8 @@ using EnvGet = std::function<std::optional<std::string>(const char*)>;
 /// is missing.
 Result<KubeCredentials> serviceAccountCredentials(const std::string& serviceAccountDir, const EnvGet& env);
 
-/// Writes @p c to @p path (atomically, mode 0600).
-Status writeKubeconfig(const std::string& path, const KubeCredentials& c);
+/// The file's text: kubeconfigJson, indented. Install writes it with mode
+/// 0600 (it holds the token).
+std::string kubeconfigText(const KubeCredentials& c);
 
 }  // namespace sluice::cni

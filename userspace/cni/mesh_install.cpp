@@ -27,8 +27,9 @@ Result<bool> parseMeshInstallFlag(MeshInstallOptions& o, const std::vector<std::
   return true;
 }
 
-Result<ordered_json> installMesh(const MeshInstallOptions& o, const EnvGet& env, std::vector<std::string>& done) {
-  ordered_json keys = ordered_json::object();
+Result<MeshInstallPlan> planMeshInstall(const MeshInstallOptions& o, const EnvGet& env) {
+  MeshInstallPlan plan;
+  ordered_json& keys = plan.keys;
   MeshConfig defaults;
   if (o.excludeNamespaces) {
     ordered_json list = ordered_json::array();
@@ -54,12 +55,12 @@ Result<ordered_json> installMesh(const MeshInstallOptions& o, const EnvGet& env,
   if (!o.kubeconfig.empty()) {
     auto creds = serviceAccountCredentials(o.serviceAccountDir, env);
     if (!creds.ok()) return Error::msg("--kubeconfig: " + creds.error().message, creds.error().code);
-    SLUICE_TRY(writeKubeconfig(o.kubeconfig, *creds));
-    done.push_back("wrote the Kubernetes credentials for the API at " + creds->server + " to " + o.kubeconfig +
-                   " (mode 0600)");
+    plan.kubeconfigPath = o.kubeconfig;
+    plan.kubeconfigText = kubeconfigText(*creds);
+    plan.server = creds->server;
     keys["kubeconfig"] = o.kubeconfig;
   }
-  return keys;
+  return plan;
 }
 
 }  // namespace sluice::cni

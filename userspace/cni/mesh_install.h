@@ -31,10 +31,15 @@ struct MeshInstallOptions {
 /// flags above; false when it is not. Errors (EINVAL) name the flag.
 Result<bool> parseMeshInstallFlag(MeshInstallOptions& o, const std::vector<std::string>& args, size_t& i);
 
-/// Writes the kubeconfig (when asked) and returns the keys for the
-/// plugin's entry: "kubeconfig", and "excludeNamespaces" /
-/// "enablementSelectors" when they differ from the defaults. @p done gets
-/// one line per file written.
-Result<nlohmann::ordered_json> installMesh(const MeshInstallOptions& o, const EnvGet& env, std::vector<std::string>& done);
+/// What install adds: the kubeconfig to write (when asked; mode 0600) and
+/// the keys for the plugin's entry: "kubeconfig", and "excludeNamespaces"
+/// / "enablementSelectors" when they differ from the defaults.
+struct MeshInstallPlan {
+  nlohmann::ordered_json keys = nlohmann::ordered_json::object();
+  std::string kubeconfigPath;  ///< "" when none is written
+  std::string kubeconfigText;
+  std::string server;  ///< the API the kubeconfig names
+};
+Result<MeshInstallPlan> planMeshInstall(const MeshInstallOptions& o, const EnvGet& env);
 
 }  // namespace sluice::cni
