@@ -198,7 +198,9 @@ TEST(DeployDockerfile, MultiStageOnBookwormShippingTheBinaries) {
   EXPECT_NE(df.find("FROM debian:bookworm AS build"), std::string::npos);
   EXPECT_NE(df.find("FROM debian:bookworm-slim"), std::string::npos);
   EXPECT_NE(df.find("libcurl4-openssl-dev"), std::string::npos) << "the Kubernetes client's build dependency";
-  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9", "libcurl4 "})
+  for (const char* dev : {"libssl-dev", "libyaml-dev"})
+    EXPECT_NE(df.find(dev), std::string::npos) << dev << ": sluice-cni's static HTTPS and the selectors' YAML";
+  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9", "libcurl4 ", "libyaml-0-2"})
     EXPECT_NE(df.find(lib), std::string::npos) << lib;
   EXPECT_NE(df.find("COPY --from=build /build/sluiced /build/sluice-cni /build/sluicectl /usr/local/bin/"),
             std::string::npos);
