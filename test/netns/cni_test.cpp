@@ -1062,6 +1062,15 @@ TEST_F(CniKube, EnablementSelectorsJudgeAlikeInTheAgentAndThePlugin) {
   auto s = rt.add(list_, skipped.params);
   expectPassedThrough(s, "is not in the mesh (no enablement selector selects it (namespace mesh))");
   del(rt, skipped, s.result);
+  // The entry as the agent puts it back after the primary CNI rewrote its
+  // file (no rules in it): the rules install wrote beside the credentials
+  // still apply.
+  json bare = list_;
+  bare["plugins"][1].erase("enablementSelectors");
+  p = rt.add(bare, picked.params);
+  ASSERT_FALSE(p.ok) << p.describe();
+  expectCniError(p.runs.back().result, cni::kCniTryAgainLater, "is in the ambient mesh (selected by enablement selector 0");
+  del(rt, picked);
 
   // With the agent given the same selector.
   ASSERT_NO_FATAL_FAILURE(startKubeAgent({"--ambient-enablement-selector", selector}));

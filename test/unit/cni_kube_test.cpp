@@ -191,6 +191,32 @@ TEST(CniMeshConfig, ExcludedNamespacesPassWithoutAskingAnyone) {
   EXPECT_NE(b.error().message.find("no credentials for the Kubernetes API"), std::string::npos) << b.error().message;
 }
 
+// The rules install writes beside the credentials apply where the entry
+// sets none (an entry the agent put back), never over the entry's own.
+TEST(CniMeshConfig, KubeconfigRulesFillWhatTheEntryLeavesOut) {
+  KubeCredentials c{"https://10.0.0.1:443", "PEM", "t", ordered_json::parse(R"({"excludeNamespaces": ["infra"],
+      "enablementSelectors": [{"podSelector": {"matchLabels": {"app": "x"}}}]})")};
+  auto back = parseKubeconfig(kubeconfigText(c), "/k");
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back->meshRules, c.meshRules);
+  auto bare = parseMeshConfig(ordered_json::object());
+  ASSERT_TRUE(bare.ok());
+  auto merged = withKubeconfigRules(*bare, back->meshRules);
+  ASSERT_TRUE(merged.ok()) << merged.error().message;
+  EXPECT_EQ(merged->excludeNamespaces, std::set<std::string>{"infra"});
+  EXPECT_EQ(merged->selectors.match({{"app", "x"}}, {}), 0u);
+  auto own = parseMeshConfig(ordered_json::parse(R"({"excludeNamespaces": ["kube-system"]})"));
+  ASSERT_TRUE(own.ok());
+  merged = withKubeconfigRules(*own, back->meshRules);
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(merged->excludeNamespaces, std::set<std::string>{"kube-system"}) << "the entry's own key wins";
+  EXPECT_EQ(merged->selectors.match({{"app", "x"}}, {}), 0u);
+  auto bad = withKubeconfigRules(*bare, ordered_json::parse(R"({"enablementSelectors": []})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("sluice-cni.mesh extension: 'enablementSelectors'"), std::string::npos)
+      << bad.error().message;
+}
+
 TEST(CniMeshInstall, FlagsAndTheEntrysKeys) {
   MeshInstallOptions o;
   std::vector<std::string> args = {"--exclude-namespaces", "kube-system,infra", "--ambient-enablement-selector",

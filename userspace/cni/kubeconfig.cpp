@@ -90,6 +90,9 @@ Result<KubeCredentials> parseKubeconfig(const std::string& text, const std::stri
     }
   while (!c.token.empty() && (c.token.back() == '\n' || c.token.back() == '\r')) c.token.pop_back();
   if (c.token.empty()) return bad("the user has no token or tokenFile");
+  if (j.contains("extensions") && j["extensions"].is_array())
+    for (const auto& e : j["extensions"])
+      if (e.is_object() && e.value("name", "") == kMeshExtension && e.contains("extension")) c.meshRules = e["extension"];
   return c;
 }
 
@@ -100,13 +103,15 @@ Result<KubeCredentials> loadKubeconfig(const std::string& path) {
 }
 
 ordered_json kubeconfigJson(const KubeCredentials& c) {
-  return ordered_json{
+  ordered_json j{
       {"apiVersion", "v1"},
       {"kind", "Config"},
       {"clusters", {{{"name", "local"}, {"cluster", {{"server", c.server}, {"certificate-authority-data", base64(c.caPem)}}}}}},
       {"users", {{{"name", "sluice-cni"}, {"user", {{"token", c.token}}}}}},
       {"contexts", {{{"name", "sluice-cni-context"}, {"context", {{"cluster", "local"}, {"user", "sluice-cni"}}}}}},
       {"current-context", "sluice-cni-context"}};
+  if (!c.meshRules.is_null()) j["extensions"] = {{{"name", kMeshExtension}, {"extension", c.meshRules}}};
+  return j;
 }
 
 Result<KubeCredentials> serviceAccountCredentials(const std::string& dir, const EnvGet& env) {

@@ -28,7 +28,15 @@ struct KubeCredentials {
   std::string server;
   std::string caPem;
   std::string token;
+  /// The rules install wrote beside the credentials (the kubeconfig's
+  /// extension kMeshExtension: excludeNamespaces, enablementSelectors), so
+  /// the plugin judges alike even after its conflist entry was put back
+  /// without them; null when absent.
+  nlohmann::ordered_json meshRules;
 };
+
+/// The name of that extension.
+inline constexpr const char* kMeshExtension = "sluice-cni.mesh";
 
 /// Reads the current context's cluster and user of a kubeconfig in JSON:
 /// server, certificate-authority-data (or certificate-authority, a file),
@@ -39,7 +47,8 @@ Result<KubeCredentials> parseKubeconfig(const std::string& text, const std::stri
 Result<KubeCredentials> loadKubeconfig(const std::string& path);
 
 /// The kubeconfig (JSON) of @p c: one cluster "local", one user
-/// "sluice-cni", one context, as Istio's names them.
+/// "sluice-cni", one context, as Istio's names them; meshRules (when set)
+/// as the extension kMeshExtension.
 nlohmann::ordered_json kubeconfigJson(const KubeCredentials& c);
 
 /// Reads an environment variable (nullopt when unset).

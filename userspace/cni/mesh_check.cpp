@@ -21,6 +21,7 @@ Result<MeshConfig> parseMeshConfig(const ordered_json& j) {
     const auto& e = j["excludeNamespaces"];
     if (!e.is_array()) return bad("'excludeNamespaces' must be an array of namespace names");
     c.excludeNamespaces.clear();
+    c.excludeNamespacesSet = true;
     for (const auto& ns : e) {
       if (!ns.is_string() || !kube::isDnsLabel(ns.get<std::string>()))
         return bad("'excludeNamespaces': " + ns.dump() + " is not a namespace name");
@@ -31,14 +32,34 @@ Result<MeshConfig> parseMeshConfig(const ordered_json& j) {
     auto s = kube::parseEnablementSelectors(nlohmann::json::parse(j["enablementSelectors"].dump()));
     if (!s.ok()) return bad("'enablementSelectors': " + s.error().message);
     c.selectors = std::move(*s);
+    c.selectorsSet = true;
   }
   return c;
 }
 
-Result<MeshAnswer> judgeWithoutAgent(const PodName& pod, const MeshConfig& config) {
-  if (config.excludeNamespaces.count(pod.ns)) return MeshAnswer{false, "namespace " + pod.ns + " is excluded"};
-  const std::string file = config.kubeconfig.empty() ? kDefaultKubeconfig : config.kubeconfig;
+Result<MeshConfig> withKubeconfigRules(const MeshConfig& config, const ordered_json& extension) {
+  if (extension.is_null()) return config;
+  if (!extension.is_object()) return Error::msg("its " + std::string(kMeshExtension) + " extension is not an object", EINVAL);
+  auto rules = parseMeshConfig(extension);
+  if (!rules.ok()) return Error::msg("its " + std::string(kMeshExtension) + " extension: " + rules.error().message, EINVAL);
+  MeshConfig c = config;
+  if (!c.excludeNamespacesSet && rules->excludeNamespacesSet) c.excludeNamespaces = rules->excludeNamespaces;
+  if (!c.selectorsSet && rules->selectorsSet) c.selectors = rules->selectors;
+  return c;
+}
+
+Result<MeshAnswer> judgeWithoutAgent(const PodName& pod, const MeshConfig& entry) {
+  const std::string file = entry.kubeconfig.empty() ? kDefaultKubeconfig : entry.kubeconfig;
+  // A local file: the rules install wrote beside the credentials, for the
+  // keys the entry does not set (the agent puts the entry back without them).
   auto creds = loadKubeconfig(file);
+  MeshConfig config = entry;
+  if (creds.ok()) {
+    auto merged = withKubeconfigRules(entry, creds->meshRules);
+    if (!merged.ok()) return Error::msg(file + ": " + merged.error().message, EINVAL);
+    config = std::move(*merged);
+  }
+  if (config.excludeNamespaces.count(pod.ns)) return MeshAnswer{false, "namespace " + pod.ns + " is excluded"};
   if (!creds.ok()) return Error::msg("no credentials for the Kubernetes API: " + creds.error().message, creds.error().code);
   auto podJson = kubeGetObject(*creds, "/api/v1/namespaces/" + pod.ns + "/pods/" + pod.name, config.timeout);
   SLUICE_TRY(podJson);

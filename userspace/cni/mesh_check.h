@@ -30,6 +30,10 @@ struct MeshConfig {
   std::string kubeconfig;
   std::set<std::string> excludeNamespaces = {"kube-system"};
   kube::EnablementSelectors selectors = kube::EnablementSelectors::istioDefault();
+  /// Given by the entry; otherwise the rules install wrote into the
+  /// kubeconfig (kMeshExtension) apply, then the defaults.
+  bool excludeNamespacesSet = false;
+  bool selectorsSet = false;
   /// Each of the two API requests.
   std::chrono::milliseconds timeout{5000};
 };
@@ -37,6 +41,11 @@ struct MeshConfig {
 /// Reads the keys above from the plugin's configuration; errors (EINVAL)
 /// are one line naming the key.
 Result<MeshConfig> parseMeshConfig(const nlohmann::ordered_json& conf);
+
+/// The rules of @p config with those of @p extension (the kubeconfig's
+/// kMeshExtension: {excludeNamespaces, enablementSelectors}) where the
+/// entry set none. Errors name the extension's bad key.
+Result<MeshConfig> withKubeconfigRules(const MeshConfig& config, const nlohmann::ordered_json& extension);
 
 /// The pod as CNI_ARGS name it.
 struct PodName {

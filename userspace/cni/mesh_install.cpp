@@ -55,6 +55,11 @@ Result<MeshInstallPlan> planMeshInstall(const MeshInstallOptions& o, const EnvGe
   if (!o.kubeconfig.empty()) {
     auto creds = serviceAccountCredentials(o.serviceAccountDir, env);
     if (!creds.ok()) return Error::msg("--kubeconfig: " + creds.error().message, creds.error().code);
+    // The rules beside the credentials too, defaults included: they outlive
+    // an entry the agent puts back without them.
+    creds->meshRules = ordered_json{{"excludeNamespaces", keys.value("excludeNamespaces", ordered_json(defaults.excludeNamespaces))},
+                                    {"enablementSelectors", keys.value("enablementSelectors",
+                                                                       ordered_json::parse(defaults.selectors.toJson().dump()))}};
     plan.kubeconfigPath = o.kubeconfig;
     plan.kubeconfigText = kubeconfigText(*creds);
     plan.server = creds->server;
