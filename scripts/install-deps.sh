@@ -18,6 +18,10 @@ PKGS+=(libprotobuf-dev protobuf-compiler)
 # libcurl; the test API server (test/apiserver) makes its CA and certificate
 # per run with the openssl CLI.
 PKGS+=(libcurl4-openssl-dev openssl)
+# sluice-cni asks the Kubernetes API itself when the agent is away: OpenSSL
+# (its static archives) for HTTPS; libyaml reads AMBIENT_ENABLEMENT_SELECTOR
+# (the agent links it, the static plugin takes libyaml.a).
+PKGS+=(libssl-dev libyaml-dev)
 # Istio's side, as its node agent leaves a node: its probe ipsets, its
 # native nftables tables (1.28+), read by `sluicectl status` and the
 # takeover, and built by their tests.

@@ -127,6 +127,15 @@ int AgentProcess::stop(int sig, std::chrono::milliseconds timeout) {
   return code;
 }
 
+bool AgentProcess::waitKubeSynced(std::chrono::milliseconds timeout) const {
+  return eventually([&] {
+    auto c = client();
+    if (!c.ok()) return false;
+    auto h = c->health();
+    return h.ok() && h->kubeSynced;
+  }, timeout);
+}
+
 std::string AgentProcess::log() const { return readFile(logPath_); }
 
 uint16_t freeLoopbackPort() {

@@ -48,8 +48,10 @@
 #include "enroll/datapath.h"
 #include "test/common/agent_process.h"
 #include "test/common/apiserver.h"
+#include "test/common/cgroup_pod.h"
 #include "test/common/cni_conf.h"
 #include "test/common/cni_runtime.h"
+#include "test/common/tcp_relay.h"
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/common/zds_peers.h"
@@ -787,8 +789,10 @@ TEST_F(Cni, RelativeNetnsIsRecordedAbsolute) {
   expectNoPodState();
 }
 
-// Fail closed: with the agent down, ADD is a CNI error ("try again later")
-// and enrolls nothing; the runtime's clean-up DEL of the chain succeeds.
+// Fail closed: with the agent down and no Kubernetes credentials to judge
+// the pod by (CniKube below has them), ADD is a CNI error ("try again
+// later") and enrolls nothing; the runtime's clean-up DEL of the chain
+// succeeds.
 TEST_F(Cni, AddWithTheAgentDownFailsClosedAndLeavesNothing) {
   startAgent();
   ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
@@ -903,6 +907,269 @@ TEST_F(Cni, VersionAndHelp) {
   auto help = runCommand({rt.pluginPath("sluice-cni"), "--help"});
   EXPECT_EQ(help.exitCode, 0) << help.describe();
   EXPECT_NE(help.out.find("chained CNI plugin"), std::string::npos) << help.out;
+}
+
+
+// ---- the agent away: only the mesh waits (sluice-cni asks Kubernetes itself) ----
+//
+//   node netns                                   the test's netns
+//   sluice-cni ──HTTPS──▶ 127.0.0.1:P (TcpRelay) ──▶ TestApiServer 127.0.0.1:P
+//   sluiced (when started) ─────────────────────────┘
+//
+// The credentials are the kubeconfig `sluice-cni install --kubeconfig`
+// writes from a service account directory (the test API server's token and
+// CA) and KUBERNETES_SERVICE_HOST/PORT.
+class CniKube : public Cni {
+ protected:
+  using Labels = std::map<std::string, std::string>;
+  struct KubePod {
+    std::unique_ptr<TestNetns> netns;
+    CniParams params;
+    std::string id;
+    std::string uid;
+  };
+
+  void SetUp() override {
+    Cni::SetUp();
+    if (IsSkipped() || HasFatalFailure()) return;
+    auto s = TestApiServer::start();
+    ASSERT_TRUE(s.ok()) << s.error().message;
+    api_ = std::move(*s);
+    ASSERT_TRUE(api_->createNamespace("shop").ok());
+    ASSERT_TRUE(api_->createNamespace("mesh", {{"istio.io/dataplane-mode", "ambient"}}).ok());
+    ASSERT_TRUE(api_->createNamespace("kube-system").ok());
+    ASSERT_TRUE(api_->createNodeAgentPod().ok());
+    auto relay = TcpRelay::start(node_, Endpoint::of("127.0.0.1", api_->port()), Endpoint::of("127.0.0.1", api_->port()));
+    ASSERT_TRUE(relay.ok()) << relay.error().message;
+    relay_ = std::move(*relay);
+    ASSERT_NO_FATAL_FAILURE(install());
+  }
+
+  void TearDown() override {
+    if (agent_ && HasFailure()) std::cerr << "---- agent log ----\n" << agent_->log() << "\n";
+    if (agent_)
+      if (auto c = agent_->client(); c.ok())
+        if (auto pods = c->listPods(); pods.ok())
+          for (const auto& p : *pods) (void)c->removePod(p.id);
+    Cni::TearDown();
+  }
+
+  /// `sluice-cni install` again over the primary conflist, as the init
+  /// container runs it in the DaemonSet: the kubeconfig from the service
+  /// account, and @p extra flags.
+  void install(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv = {"env", "KUBERNETES_SERVICE_HOST=127.0.0.1",
+                                     "KUBERNETES_SERVICE_PORT=" + std::to_string(api_->port()), builtBinary("sluice-cni"),
+                                     "install", "--cni-conf-dir", work_.file("net.d"), "--cni-bin-dir", work_.file("bin"),
+                                     "--agent-socket", socket(), "--kubeconfig", kubeconfig(), "--service-account-dir",
+                                     fs::path(api_->tokenFile()).parent_path().string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = runCommand(argv);
+    ASSERT_EQ(r.exitCode, 0) << r.describe();
+    EXPECT_NE(r.out.find("wrote the Kubernetes credentials for the API at https://127.0.0.1:"), std::string::npos) << r.out;
+    list_ = json::parse(readTextFile(work_.file("net.d/10-test.conflist")));
+    ASSERT_EQ(list_["plugins"][1]["kubeconfig"], kubeconfig()) << list_;
+    struct stat st {};
+    ASSERT_EQ(::stat(kubeconfig().c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 0777, 0600u);
+  }
+
+  std::string kubeconfig() const { return work_.file("cni-kubeconfig"); }
+
+  /// A pod in the API (on node-a) and its sandbox's netns, with the CNI
+  /// parameters containerd passes for it.
+  KubePod pod(const std::string& ns, const std::string& name, const Labels& labels = {}) {
+    KubePod p;
+    p.netns = std::make_unique<TestNetns>("cnik");
+    EXPECT_TRUE(p.netns->ok()) << p.netns->error();
+    TestPod tp;
+    tp.namespaceName = ns;
+    tp.name = name;
+    tp.uid = randomPodUid();
+    tp.labels = labels;
+    EXPECT_TRUE(api_->createPod(tp).ok());
+    p.uid = tp.uid;
+    p.params.containerId = "k" + std::to_string(::getpid()) + "x" + std::to_string(gCounter++) + "x";
+    p.params.containerId += std::string(64 - p.params.containerId.size(), 'e');
+    p.params.netns = p.netns->path();
+    p.params.args = "IgnoreUnknown=1;K8S_POD_NAMESPACE=" + ns + ";K8S_POD_NAME=" + name + ";K8S_POD_UID=" + tp.uid;
+    p.id = cni::podIdForContainer(p.params.containerId);
+    return p;
+  }
+
+  void startKubeAgent(std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--kube-api", "https://127.0.0.1:" + std::to_string(api_->port()), "--kube-token-file",
+                                     api_->tokenFile(), "--kube-ca-file", api_->caFile(), "--node-name", "node-a"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    ASSERT_NO_FATAL_FAILURE(startAgent(args));
+    ASSERT_TRUE(agent_->waitKubeSynced(15s)) << "the agent never synced with the API server";
+  }
+
+  /// ADD passed the pod through: exit 0 and the main plugin's result
+  /// unchanged; sluice-cni's stderr says why.
+  static void expectPassedThrough(const ChainOutcome& add, const std::string& why) {
+    ASSERT_TRUE(add.ok) << add.describe();
+    ASSERT_EQ(add.runs.size(), 2u);
+    EXPECT_EQ(add.result, json::parse(add.runs[0].result.out)) << add.describe();
+    EXPECT_NE(add.runs[1].result.err.find(why), std::string::npos) << add.runs[1].result.err;
+  }
+
+  /// The runtime tears a sandbox down (DEL, reverse order; after a failed
+  /// ADD without a cached result).
+  void del(const CniRuntime& rt, const KubePod& p, const json& cached = nullptr) {
+    auto d = rt.checkOrDel(list_, p.params, "DEL", cached);
+    EXPECT_TRUE(d.ok) << d.describe();
+  }
+
+  std::unique_ptr<TestApiServer> api_;
+  std::unique_ptr<TcpRelay> relay_;
+};
+
+// The issue's "done means": sluiced stopped, a kube-system pod and a pod of
+// a namespace outside the mesh start (the first without any API request),
+// a mesh pod fails with code 11 and starts once the agent is back.
+TEST_F(CniKube, AgentDownOnlyTheMeshWaits) {
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  KubePod sys = pod("kube-system", "coredns-1");
+  KubePod plain = pod("shop", "web");
+  KubePod meshPod = pod("mesh", "app");
+  auto gets = api_->countRequests("get");
+  ASSERT_TRUE(gets.ok());
+
+  auto a = rt.add(list_, sys.params);
+  expectPassedThrough(a, "is not in the mesh (namespace kube-system is excluded); passed through without the agent");
+  EXPECT_EQ(*api_->countRequests("get"), *gets) << "asked the API about an excluded namespace's pod";
+
+  auto b = rt.add(list_, plain.params);
+  expectPassedThrough(b, "(shop/web) is not in the mesh (neither the pod nor namespace shop is labelled "
+                         "istio.io/dataplane-mode=ambient); passed through without the agent");
+  EXPECT_GE(*api_->countRequests("get", "/namespaces/shop/pods/web"), 1);
+
+  auto m = rt.add(list_, meshPod.params);
+  ASSERT_FALSE(m.ok) << m.describe();
+  ASSERT_EQ(m.runs.size(), 2u);
+  expectCniError(m.runs[1].result, cni::kCniTryAgainLater,
+                 "(mesh/app) is in the ambient mesh (namespace labelled istio.io/dataplane-mode=ambient) and the sluice "
+                 "agent is not running");
+  del(rt, meshPod);
+
+  // The agent back: the runtime's retry enrolls the pod.
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent());
+  m = rt.add(list_, meshPod.params);
+  ASSERT_TRUE(m.ok) << m.describe();
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].id, meshPod.id);
+  EXPECT_EQ(pods[0].identity.uid, meshPod.uid);
+  EXPECT_EQ(pods[0].netnsPath, meshPod.netns->path());
+
+  del(rt, meshPod, m.result);
+  EXPECT_TRUE(listPods().empty());
+  del(rt, plain, b.result);
+  del(rt, sys, a.result);
+}
+
+// The API server unreachable: no guess for a pod it would have to judge
+// (code 11), while an excluded namespace's pod still starts.
+TEST_F(CniKube, ApiUnreachableFailsEveryPodButTheExcludedOnes) {
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  KubePod sys = pod("kube-system", "coredns-2");
+  KubePod plain = pod("shop", "web");
+  ASSERT_TRUE(api_->fault({{"down", true}}).ok());
+  auto a = rt.add(list_, sys.params);
+  expectPassedThrough(a, "namespace kube-system is excluded");
+  auto b = rt.add(list_, plain.params);
+  ASSERT_FALSE(b.ok) << b.describe();
+  expectCniError(b.runs.back().result, cni::kCniTryAgainLater,
+                 "and the Kubernetes API cannot tell whether pod " + plain.id + " (shop/web) is in the mesh");
+  ASSERT_TRUE(api_->fault({{"up", true}}).ok());
+  del(rt, plain);
+  del(rt, sys, a.result);
+}
+
+// Credentials the API refuses (401): code 11, in one line.
+TEST_F(CniKube, RefusedCredentialsAreTryAgainLaterInOneLine) {
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  KubePod plain = pod("shop", "web");
+  ASSERT_TRUE(api_->rotateToken("a-token-the-kubeconfig-does-not-have").ok());
+  auto b = rt.add(list_, plain.params);
+  ASSERT_FALSE(b.ok) << b.describe();
+  expectCniError(b.runs.back().result, cni::kCniTryAgainLater, ": 401 ");
+  const std::string msg = b.error["msg"];
+  EXPECT_EQ(msg.find('\n'), std::string::npos) << msg;
+  EXPECT_NE(msg.find("GET /api/v1/namespaces/shop/pods/web: 401"), std::string::npos) << msg;
+  del(rt, plain);
+}
+
+// Operators' own selection (Istio's ambient.enablementSelectors): the same
+// selector in the agent (flag) and the plugin (install's flag into its
+// entry) enrolls a pod the default would not, and leaves alone a pod the
+// default would enroll — with the agent and without it alike.
+TEST_F(CniKube, EnablementSelectorsJudgeAlikeInTheAgentAndThePlugin) {
+  const std::string selector = "- podSelector:\n    matchLabels:\n      app: picked\n";
+  ASSERT_NO_FATAL_FAILURE(install({"--ambient-enablement-selector", selector}));
+  EXPECT_EQ(list_["plugins"][1]["enablementSelectors"], json::parse(R"([{"podSelector":{"matchLabels":{"app":"picked"}}}])"))
+      << list_;
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  KubePod picked = pod("shop", "picked", {{"app", "picked"}});
+  KubePod skipped = pod("mesh", "skipped");
+
+  // Without the agent: the plugin's own judgement.
+  auto p = rt.add(list_, picked.params);
+  ASSERT_FALSE(p.ok) << p.describe();
+  expectCniError(p.runs.back().result, cni::kCniTryAgainLater,
+                 "is in the ambient mesh (selected by enablement selector 0 (pods: app=picked; namespaces: everything))");
+  del(rt, picked);
+  auto s = rt.add(list_, skipped.params);
+  expectPassedThrough(s, "is not in the mesh (no enablement selector selects it (namespace mesh))");
+  del(rt, skipped, s.result);
+  // The entry as the agent puts it back after the primary CNI rewrote its
+  // file (no rules in it): the rules install wrote beside the credentials
+  // still apply.
+  json bare = list_;
+  bare["plugins"][1].erase("enablementSelectors");
+  p = rt.add(bare, picked.params);
+  ASSERT_FALSE(p.ok) << p.describe();
+  expectCniError(p.runs.back().result, cni::kCniTryAgainLater, "is in the ambient mesh (selected by enablement selector 0");
+  del(rt, picked);
+
+  // With the agent given the same selector.
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent({"--ambient-enablement-selector", selector}));
+  p = rt.add(list_, picked.params);
+  ASSERT_TRUE(p.ok) << p.describe();
+  s = rt.add(list_, skipped.params);
+  expectPassedThrough(s, "is not in the mesh (not in the ambient mesh: no enablement selector selects it");
+  auto pods = listPods();
+  ASSERT_EQ(pods.size(), 1u);
+  EXPECT_EQ(pods[0].identity.uid, picked.uid);
+  del(rt, picked, p.result);
+  del(rt, skipped, s.result);
+}
+
+// The plugin's outcome of each command is a line of the agent's log, where
+// `kubectl logs` of the agent shows it.
+TEST_F(CniKube, ThePluginsLinesAreInTheAgentsLog) {
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent());
+  CniRuntime rt(node_, work_.file("bin"), work_.path());
+  KubePod plain = pod("shop", "web");
+  KubePod meshPod = pod("mesh", "app");
+  auto b = rt.add(list_, plain.params);
+  ASSERT_TRUE(b.ok) << b.describe();
+  auto m = rt.add(list_, meshPod.params);
+  ASSERT_TRUE(m.ok) << m.describe();
+  del(rt, meshPod, m.result);
+  del(rt, plain, b.result);
+  const std::string log = agent_->log();
+  const std::string plainPod = "pod " + plain.id + " (shop/web)";
+  const std::string meshName = "pod " + meshPod.id + " (mesh/app)";
+  EXPECT_NE(log.find("sluice-cni: ADD " + plainPod + ": " + plainPod + " is not in the mesh (not in the ambient mesh: "),
+            std::string::npos)
+      << log;
+  EXPECT_NE(log.find("sluice-cni: ADD " + meshName + ": enrolled " + meshName + " (netns "), std::string::npos) << log;
+  EXPECT_NE(log.find("sluice-cni: DEL " + meshName + ": removed " + meshName + "\n"), std::string::npos) << log;
+  EXPECT_NE(log.find("sluice-cni: DEL " + plainPod + ": " + plainPod + " was not enrolled; nothing to remove\n"),
+            std::string::npos)
+      << log;
 }
 
 }  // namespace

@@ -100,12 +100,7 @@ class KubeAgent : public ::testing::Test {
     auto a = AgentProcess::start(bpffs_.root(), agentArgs(), tmp_.file("agent.sock"));
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
-    ASSERT_TRUE(eventually([&] {
-      auto c = agent_->client();
-      if (!c.ok()) return false;
-      auto h = c->health();
-      return h.ok() && h->kubeSynced;
-    }, 15s)) << "the agent never synced with the API server";
+    ASSERT_TRUE(agent_->waitKubeSynced(15s)) << "the agent never synced with the API server";
   }
 
   NodeProxyStandIn& startProxy() {
@@ -585,6 +580,42 @@ TEST_F(KubeAgent, UnreadableCredentialsFailTheStartAndLeaveNothing) {
   }
 }
 
+
+// A selector that does not parse (flag or Istio's environment variable)
+// stops the agent at start with one line naming it: never a silently empty
+// or match-all selection.
+TEST_F(KubeAgent, UnparsableEnablementSelectorStopsTheStart) {
+  std::string root = bpffs_.root() + "-never";
+  std::vector<std::string> base = {"--bpffs", root, "--socket", tmp_.file("never.sock"), "--metrics-address", "off",
+                                   "--kube-api", server_->url(), "--kube-token-file", server_->tokenFile(),
+                                   "--kube-ca-file", server_->caFile(), "--node-name", "node-a"};
+  auto flag = base;
+  flag.insert(flag.end(), {"--ambient-enablement-selector", "- podselector: {matchLabels: {app: x}}"});
+  AgentRun r = runAgentExpectingExit(flag);
+  EXPECT_NE(r.exitCode, 0) << r.log;
+  EXPECT_NE(r.log.find("invalid --ambient-enablement-selector: enablement selector [0]: unknown key \"podselector\""),
+            std::string::npos)
+      << r.log;
+  AgentRun e = runAgentExpectingExit(base, std::chrono::seconds(20), {"/usr/bin/env", "AMBIENT_ENABLEMENT_SELECTOR=[]"});
+  EXPECT_NE(e.exitCode, 0) << e.log;
+  EXPECT_NE(e.log.find("invalid AMBIENT_ENABLEMENT_SELECTOR: enablement selectors: the list is empty"), std::string::npos)
+      << e.log;
+  struct stat st {};
+  EXPECT_NE(::stat(root.c_str(), &st), 0) << root << " was created";
+}
+
+// Istio's environment variable as its chart writes it selects like the
+// flag: a pod the default selectors would not enroll is enrolled live.
+TEST_F(KubeAgent, EnablementSelectorFromIstiosEnvironmentVariable) {
+  RunningPod& picked = runningPod("shop", "picked", {{"app", "picked"}});
+  auto a = AgentProcess::start(bpffs_.root(), agentArgs(), tmp_.file("agent.sock"), "", "",
+                               {"/usr/bin/env", "AMBIENT_ENABLEMENT_SELECTOR=- podSelector:\n    matchLabels:\n      app: picked\n"});
+  ASSERT_TRUE(a.ok()) << a.error().message;
+  agent_ = std::move(*a);
+  startProxy();
+  EXPECT_TRUE(eventually([&] { return enrolled(picked); }, 15s)) << agent_->log();
+  EXPECT_TRUE(eventually([&] { return redirection(picked) == "enabled"; }, 10s));
+}
 
 // The watch silent (the API server keeps it open and sends nothing): the
 // ADD of a pod it never delivered is answered, after the brief wait, from

@@ -237,7 +237,30 @@ TEST(AgentOptions, KubernetesDefaultsAndFlags) {
   EXPECT_TRUE(inPod->agent.kube.enabled());
   EXPECT_EQ(inPod->agent.kube.nodeName, "node-a");
   EXPECT_EQ(describeKube(inPod->agent.kube),
-            "in cluster, node node-a, ztunnel istio-system/app=ztunnel, excluded [kube-system], DNS capture by default on");
+            "in cluster, node node-a, ztunnel istio-system/app=ztunnel, excluded [kube-system], DNS capture by default on, "
+            "enablement selectors Istio's default");
+  EXPECT_TRUE(inPod->agent.kube.selectors.isDefault());
+  // Istio's AMBIENT_ENABLEMENT_SELECTOR, and the flag over it.
+  auto envSel = [&](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "AMBIENT_ENABLEMENT_SELECTOR") return "- podSelector: {matchLabels: {app: x}}";
+    return podEnv(n);
+  };
+  auto sel = parseDaemonArgs({}, envSel);
+  ASSERT_TRUE(sel.ok()) << sel.error().message;
+  EXPECT_EQ(sel->agent.kube.selectors.match({{"app", "x"}}, {}), 0u);
+  EXPECT_NE(describeKube(sel->agent.kube).find(R"(enablement selectors [{"podSelector":{"matchLabels":{"app":"x"}}}])"),
+            std::string::npos)
+      << describeKube(sel->agent.kube);
+  auto flagSel = parseDaemonArgs({"--ambient-enablement-selector", "[{\"namespaceSelector\": {\"matchLabels\": {\"t\": \"y\"}}}]"}, envSel);
+  ASSERT_TRUE(flagSel.ok()) << flagSel.error().message;
+  EXPECT_EQ(flagSel->agent.kube.selectors.match({}, {{"t", "y"}}), 0u);
+  auto badEnv = parseDaemonArgs({}, [&](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "AMBIENT_ENABLEMENT_SELECTOR") return "- podSelector: {matchLabels: {app: x}";
+    return podEnv(n);
+  });
+  ASSERT_FALSE(badEnv.ok());
+  EXPECT_EQ(badEnv.error().message.rfind("invalid AMBIENT_ENABLEMENT_SELECTOR: enablement selectors: not YAML: ", 0), 0u)
+      << badEnv.error().message;
   auto off = parseDaemonArgs({"--kube", "off"}, podEnv);
   ASSERT_TRUE(off.ok()) << off.error().message;
   EXPECT_FALSE(off->agent.kube.enabled());

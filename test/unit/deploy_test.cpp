@@ -150,12 +150,15 @@ TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
   EXPECT_EQ(init["image"], container("containers", "sluiced")["image"]);
   EXPECT_EQ(init["command"], json({"/usr/local/bin/sluice-cni", "install", "--cni-conf-dir", "/host/etc/cni/net.d",
                                    "--cni-bin-dir", "/host/opt/cni/bin", "--agent-socket",
-                                   "/var/run/sluice/agent.sock"}));
+                                   "/var/run/sluice/agent.sock", "--kubeconfig", "/var/run/sluice/cni-kubeconfig"}));
   EXPECT_EQ(hostPathAt(init, "/host/opt/cni/bin"), "/opt/cni/bin");
   EXPECT_EQ(hostPathAt(init, "/host/etc/cni/net.d"), "/etc/cni/net.d");
   // The socket it writes into the chain is the one the agent serves.
   const auto& agentArgs = container("containers", "sluiced")["args"];
-  EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), init["command"].back()), agentArgs.end());
+  const auto& initCmd = init["command"];
+  auto sock = std::find(initCmd.begin(), initCmd.end(), "--agent-socket");
+  ASSERT_TRUE(sock != initCmd.end() && sock + 1 != initCmd.end()) << "the init container names no --agent-socket";
+  EXPECT_NE(std::find(agentArgs.begin(), agentArgs.end(), *(sock + 1)), agentArgs.end());
   // The layout flags (--cni-conf-name, --cni-owned-conflist[-name],
   // --cni-unchained) are the same on both: the agent's watch keeps what
   // the init container wrote.
@@ -176,6 +179,8 @@ TEST_F(DeployManifest, InitContainerInstallsTheCniPlugin) {
   for (const auto& a : init["command"])
     if (a.get<std::string>().rfind("--", 0) == 0)
       EXPECT_NE(help.out.find(a.get<std::string>()), std::string::npos) << a << " is not a sluice-cni install flag";
+  // The plugin on the host reads the kubeconfig at the path written here.
+  EXPECT_EQ(hostPathAt(init, "/var/run/sluice"), "/var/run/sluice");
 }
 
 // The agent's Kubernetes client (userspace/agent/kube) needs exactly this
@@ -252,7 +257,9 @@ TEST(DeployDockerfile, MultiStageOnBookwormShippingTheBinaries) {
   EXPECT_NE(df.find("FROM debian:bookworm AS build"), std::string::npos);
   EXPECT_NE(df.find("FROM debian:bookworm-slim"), std::string::npos);
   EXPECT_NE(df.find("libcurl4-openssl-dev"), std::string::npos) << "the Kubernetes client's build dependency";
-  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9", "libcurl4 "})
+  for (const char* dev : {"libssl-dev", "libyaml-dev"})
+    EXPECT_NE(df.find(dev), std::string::npos) << dev << ": sluice-cni's static HTTPS and the selectors' YAML";
+  for (const char* lib : {"libbpf1", "libnl-3-200", "libnl-route-3-200", "libspdlog1.10", "libfmt9", "libcurl4 ", "libyaml-0-2"})
     EXPECT_NE(df.find(lib), std::string::npos) << lib;
   EXPECT_NE(df.find("COPY --from=build /build/sluiced /build/sluice-cni /build/sluicectl /usr/local/bin/"),
             std::string::npos);

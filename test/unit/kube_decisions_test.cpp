@@ -1,9 +1,9 @@
-// Istio's ambient enrollment rules (userspace/agent/kube/decisions.h): Go's
+// Istio's ambient enrollment rules (userspace/mesh/decisions.h): Go's
 // ParseBool, selection by pod and namespace labels, the pods that are never
 // selected, per-pod settings from annotations, the status patch.
 #include <gtest/gtest.h>
 
-#include "userspace/agent/kube/decisions.h"
+#include "userspace/mesh/decisions.h"
 
 namespace sluice::kube {
 namespace {

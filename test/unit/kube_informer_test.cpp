@@ -9,7 +9,7 @@
 #include <thread>
 
 #include "test/common/apiserver.h"
-#include "userspace/agent/kube/decisions.h"
+#include "userspace/mesh/decisions.h"
 #include "userspace/agent/kube/informer.h"
 
 namespace sluice::kube {

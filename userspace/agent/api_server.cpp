@@ -203,6 +203,11 @@ Result<json> Agent::dispatch(const Request& req) {
     }
     case Op::Health:
       return encodeHealth(health());
+    case Op::Log:
+      // sluice-cni's line for one command (the runtime keeps its stderr in
+      // kubelet's journal only): here `kubectl logs` shows it.
+      spdlog::info("sluice-cni: {}", *req.message);
+      return json::object();
     case Op::Check: {
       auto c = dp_->checkPod(*req.id);
       SLUICE_TRY(c);

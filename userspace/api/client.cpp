@@ -96,6 +96,14 @@ Status Client::removePod(const std::string& id) {
   return {};
 }
 
+Status Client::log(const std::string& message) {
+  Request r;
+  r.op = Op::Log;
+  r.message = message;
+  SLUICE_TRY(call(r));
+  return {};
+}
+
 Result<std::string> Client::removePodByNetns(const std::string& netnsPath) {
   Request r;
   r.op = Op::Remove;

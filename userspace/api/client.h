@@ -38,6 +38,8 @@ class Client {
   Result<std::vector<PodCounters>> stats(const std::optional<std::string>& id);
   Result<Health> health();
   Result<CheckReport> check(const std::string& id);
+  /// Puts one line (sluice-cni's outcome of a command) into the agent's log.
+  Status log(const std::string& message);
 
  private:
   explicit Client(Fd fd, std::string path) : fd_(std::move(fd)), path_(std::move(path)) {}

@@ -71,12 +71,13 @@ const char* opName(Op op) {
     case Op::Stats: return "stats";
     case Op::Health: return "health";
     case Op::Check: return "check";
+    case Op::Log: return "log";
   }
   return "?";
 }
 
 Result<Op> parseOp(const std::string& name) {
-  for (Op op : {Op::Add, Op::Remove, Op::List, Op::Stats, Op::Health, Op::Check})
+  for (Op op : {Op::Add, Op::Remove, Op::List, Op::Stats, Op::Health, Op::Check, Op::Log})
     if (name == opName(op)) return op;
   return bad("unknown op '" + name + "' (expected add, remove, list, stats, health or check)");
 }
@@ -166,6 +167,7 @@ json encodeRequest(const Request& r) {
   if (r.op == Op::Add) j["pod"] = encodePodSpec(r.pod);
   if (r.id) j["id"] = *r.id;
   if (r.netns) j["netns"] = *r.netns;
+  if (r.message) j["message"] = *r.message;
   return j;
 }
 
@@ -210,11 +212,20 @@ Result<Request> decodeRequest(const std::string& line) {
     case Op::Check:
       if (!r.id) return bad("check needs 'id'");
       break;
+    case Op::Log: {
+      std::string message;
+      SLUICE_TRY(str(j, "message", message, true));
+      if (message.empty() || message.size() > kMaxLogMessage)
+        return bad("log needs a 'message' of 1 to " + std::to_string(kMaxLogMessage) + " bytes");
+      if (message.find_first_of("\r\n") != std::string::npos) return bad("a log 'message' is one line");
+      r.message = message;
+      break;
+    }
     default:
       break;
   }
   for (const auto& k : j.items()) {
-    static const char* known[] = {"version", "op", "pod", "id", "netns"};
+    static const char* known[] = {"version", "op", "pod", "id", "netns", "message"};
     if (std::none_of(std::begin(known), std::end(known), [&](const char* n) { return k.key() == n; }))
       return bad("unknown field '" + k.key() + "'");
   }

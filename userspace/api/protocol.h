@@ -25,7 +25,7 @@ inline constexpr const char* kDefaultSocket = "/var/run/sluice/agent.sock";
 /// A request line larger than this is refused (and the connection closed).
 inline constexpr size_t kMaxRequestBytes = 64 * 1024;
 
-enum class Op { Add, Remove, List, Stats, Health, Check };
+enum class Op { Add, Remove, List, Stats, Health, Check, Log };
 
 const char* opName(Op op);
 Result<Op> parseOp(const std::string& name);
@@ -36,12 +36,18 @@ Result<Op> parseOp(const std::string& name);
 ///   stats:  id (optional)
 ///   check:  id (required): is the pod enrolled and intact?
 ///   list, health: nothing
+///   log:    message (required, one line, at most kMaxLogMessage bytes):
+///           what sluice-cni did with one command, for the agent's log
 struct Request {
   Op op = Op::Health;
   PodSpec pod;
   std::optional<std::string> id;
   std::optional<std::string> netns;
+  std::optional<std::string> message;
 };
+
+/// The longest message a log request carries.
+inline constexpr size_t kMaxLogMessage = 4096;
 
 /// What add answers. An agent that decides from Kubernetes which pods are
 /// in the mesh (docs/kubernetes.md) may leave a pod alone: then `enrolled`

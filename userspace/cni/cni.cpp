@@ -6,6 +6,7 @@
 
 #include <cstdlib>
 #include <iostream>
+#include <algorithm>
 #include <iterator>
 #include <sstream>
 
@@ -139,7 +140,27 @@ Status requireNetns(const Env& env) {
   return {};
 }
 
-Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
+// The agent is not running: only a pod in the mesh must wait for it. The
+// others (excluded namespaces without asking anyone, the rest by asking
+// the Kubernetes API) pass through, as Istio's plugin lets them.
+Status addWithoutAgent(const Env& env, const NetConf& conf, const std::string& id, const PodSpec& spec,
+                       const std::string& agentDown, std::string& said) {
+  const std::string pod = describePod(id, env);
+  if (spec.identity.ns.empty() || spec.identity.name.empty())
+    return cniError(kCniTryAgainLater, agentDown + "; " + pod + " not started (fail closed)");
+  auto answer = judgeWithoutAgent({spec.identity.ns, spec.identity.name, spec.identity.uid}, conf.mesh);
+  if (!answer.ok())
+    return cniError(kCniTryAgainLater, agentDown + " and the Kubernetes API cannot tell whether " + pod +
+                                           " is in the mesh (" + answer.error().message + "); not started (fail closed)");
+  if (answer->inMesh)
+    return cniError(kCniTryAgainLater, pod + " is in the ambient mesh (" + answer->reason + ") and " + agentDown +
+                                           "; not started until the agent enrolls it (fail closed)");
+  said = pod + " is not in the mesh (" + answer->reason + "); passed through without the agent (" + agentDown + ")";
+  spdlog::info("{}", said);
+  return {};
+}
+
+Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id, std::string& said) {
   SLUICE_TRY(requireEnv(env.ifname, "CNI_IFNAME", "ADD"));
   SLUICE_TRY(requireNetns(env));
   if (!conf.prevResult && conf.chained)
@@ -149,8 +170,11 @@ Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
   auto spec = podSpecFor(env, conf, id);
   SLUICE_TRY(spec);
   auto client = connectAgent(conf);
-  if (!client.ok())
+  if (!client.ok()) {
+    if (client.error().code == kCniTryAgainLater)
+      return addWithoutAgent(env, conf, id, *spec, client.error().message, said);
     return cniError(client.error().code, client.error().message + "; " + describePod(id, env) + " not started (fail closed)");
+  }
   auto added = client->add(*spec);
   if (!added.ok()) {
     // EAGAIN: the agent could not hand the pod to the node proxy (none
@@ -163,17 +187,19 @@ Status cmdAdd(const Env& env, const NetConf& conf, const std::string& id) {
   if (!added->enrolled) {
     // The agent decided from Kubernetes that the pod is not in the ambient
     // mesh: nothing in the pod was touched, prevResult goes on unchanged.
-    spdlog::info("{} is not in the mesh ({}); passed through", describePod(id, env), added->reason);
+    said = fmt::format("{} is not in the mesh ({}); passed through", describePod(id, env), added->reason);
+    spdlog::info("{}", said);
     return {};
   }
   const PodInfo& info = added->pod;
-  spdlog::info("enrolled {} (netns {}, {}, addresses {}{}{})", describePod(id, env), env.netns,
-               info.capture == "socket" ? "captured at the socket" : "interfaces " + joined(info.interfaces, ","),
-               joined(info.ips, ","), added->reason.empty() ? "" : "; ", added->reason);
+  said = fmt::format("enrolled {} (netns {}, {}, addresses {}{}{})", describePod(id, env), env.netns,
+                     info.capture == "socket" ? "captured at the socket" : "interfaces " + joined(info.interfaces, ","),
+                     joined(info.ips, ","), added->reason.empty() ? "" : "; ", added->reason);
+  spdlog::info("{}", said);
   return {};
 }
 
-Status cmdDel(const Env& env, const NetConf& conf, const std::string& id) {
+Status cmdDel(const Env& env, const NetConf& conf, const std::string& id, std::string& said) {
   auto client = connectAgent(conf);
   if (!client.ok()) {
     // No agent to ask, whatever the reason (not running, uninstalled, a
@@ -191,24 +217,27 @@ Status cmdDel(const Env& env, const NetConf& conf, const std::string& id) {
       if (!env.netns.empty() && pathExists(env.netns)) {
         auto other = client->removePodByNetns(env.netns);
         if (other.ok()) {
-          spdlog::info("removed {} (enrolled as {})", describePod(id, env), *other);
+          said = fmt::format("removed {} (enrolled as {})", describePod(id, env), *other);
+          spdlog::info("{}", said);
           return {};
         }
         if (other.error().code != ENOENT)
           return cniError(kCniAgentFailed,
                           "sluice agent could not remove " + describePod(id, env) + ": " + other.error().message);
       }
-      spdlog::info("{} was not enrolled; nothing to remove", describePod(id, env));
+      said = fmt::format("{} was not enrolled; nothing to remove", describePod(id, env));
+      spdlog::info("{}", said);
       return {};
     }
     return cniError(kCniAgentFailed, "sluice agent could not remove " + describePod(id, env) + ": " + st.error().message);
   }
-  spdlog::info("removed {}", describePod(id, env));
+  said = fmt::format("removed {}", describePod(id, env));
+  spdlog::info("{}", said);
   return {};
 }
 
 // On damage, @p details gets the problems alone (the error's "details").
-Status cmdCheck(const Env& env, const NetConf& conf, const std::string& id, std::string& details) {
+Status cmdCheck(const Env& env, const NetConf& conf, const std::string& id, std::string& details, std::string& said) {
   if (!versionAtLeast(conf.cniVersion, 0, 4))
     return cniError(kCniIncompatibleVersion, "CHECK needs cniVersion 0.4.0 or later, the configuration has " + conf.cniVersion);
   SLUICE_TRY(requireEnv(env.ifname, "CNI_IFNAME", "CHECK"));
@@ -225,7 +254,20 @@ Status cmdCheck(const Env& env, const NetConf& conf, const std::string& id, std:
     details = joined(report->problems, "; ");
     return cniError(kCniDamaged, describePod(id, env) + " is enrolled but its redirection is damaged: " + details);
   }
+  said = describePod(id, env) + " is enrolled and intact";
   return {};
+}
+
+// One line per command into the agent's log (Istio's plugin sends its log
+// to its agent too: istio/istio cni/pkg/plugin/cnieventclient.go), when the
+// agent can be reached; nothing is waited for otherwise.
+void tellAgent(const NetConf& conf, const Env& env, const std::string& id, const std::string& outcome) {
+  auto c = agent::Client::connect(conf.agentSocket);
+  if (!c.ok()) return;
+  std::string line = env.command + " " + describePod(id, env) + ": " + outcome;
+  std::replace_if(line.begin(), line.end(), [](char ch) { return ch == '\n' || ch == '\r'; }, ' ');
+  if (line.size() > agent::kMaxLogMessage) line.resize(agent::kMaxLogMessage);
+  if (Status st = c->log(line); !st.ok()) spdlog::debug("the agent did not take the log line: {}", st.error().message);
 }
 
 ordered_json versionJson(const std::string& cniVersion) {
@@ -327,6 +369,9 @@ Result<NetConf> parseNetConf(const std::string& text) {
   SLUICE_TRY(optString(j, "logFile", c.logFile));
   if (!c.logFile.empty() && c.logFile.front() != '/')
     return badConfig("'logFile' must be an absolute path, not '" + c.logFile + "'");
+  auto mesh = parseMeshConfig(j);
+  if (!mesh.ok()) return badConfig(mesh.error().message);
+  c.mesh = std::move(*mesh);
   if (j.contains("prevResult")) {
     if (!j["prevResult"].is_object()) return badConfig("'prevResult' must be a JSON object");
     c.prevResult = j["prevResult"];
@@ -431,19 +476,20 @@ Outcome run(const Env& env, const std::string& stdinText) {
   const std::string id = podIdForContainer(env.containerId);
   spdlog::debug("{} {}: CNI_ARGS: {}", env.command, env.containerId, env.args);
 
-  if (env.command == "ADD") {
-    auto st = cmdAdd(env, *conf, id);
-    if (!st.ok()) return failure(st.error(), conf->cniVersion);
-    return Outcome{0, addResult(*conf).dump() + "\n"};
+  std::string said, details;
+  Status st;
+  if (env.command == "ADD")
+    st = cmdAdd(env, *conf, id, said);
+  else if (env.command == "DEL")
+    st = cmdDel(env, *conf, id, said);
+  else
+    st = cmdCheck(env, *conf, id, details, said);
+  if (!st.ok()) {
+    tellAgent(*conf, env, id, "failed (CNI code " + std::to_string(st.error().code) + "): " + st.error().message);
+    return failure(st.error(), conf->cniVersion, details);
   }
-  if (env.command == "DEL") {
-    auto st = cmdDel(env, *conf, id);
-    if (!st.ok()) return failure(st.error(), conf->cniVersion);
-    return Outcome{0, ""};
-  }
-  std::string details;
-  auto st = cmdCheck(env, *conf, id, details);
-  if (!st.ok()) return failure(st.error(), conf->cniVersion, details);
+  if (!said.empty()) tellAgent(*conf, env, id, said);
+  if (env.command == "ADD") return Outcome{0, addResult(*conf).dump() + "\n"};
   return Outcome{0, ""};
 }
 
@@ -468,6 +514,15 @@ As a CNI plugin (run by the container runtime, CNI spec 1.0.0):
     logFormat       text|json (default text)
     logFile         also append the log to this file (runtimes drop the
                     stderr of a plugin that succeeded)
+  When the agent cannot be reached, ADD judges the pod itself, as the agent
+  would: a pod not in the mesh passes, one in the mesh fails with code 11:
+    kubeconfig      the Kubernetes credentials `install` wrote (default
+                    /var/run/sluice/cni-kubeconfig)
+    excludeNamespaces   ["NS", ...] passed without asking (default
+                    ["kube-system"])
+    enablementSelectors Istio's ambient.enablementSelectors (default
+                    Istio's: pod or namespace labelled
+                    istio.io/dataplane-mode=ambient)
 
 Installing into the node's CNI configuration:
   sluice-cni install --cni-conf-dir DIR --cni-bin-dir DIR [--agent-socket PATH]
@@ -476,6 +531,12 @@ Installing into the node's CNI configuration:
       entry as LAYOUT says; idempotent, atomic (temporary file + rename).
       Waits for the primary CNI's config (a line says so) for SECONDS
       (default: as long as it takes; 0: fails at once)
+    [--kubeconfig PATH [--service-account-dir DIR]]
+      also writes the pod's service account (token, ca.crt,
+      KUBERNETES_SERVICE_HOST/PORT) as a kubeconfig at PATH (mode 0600) and
+      names it in the entry, for judging pods while the agent is away
+    [--exclude-namespaces NS,...] [--ambient-enablement-selector TEXT]
+      the agent's rules for the entry (default $AMBIENT_ENABLEMENT_SELECTOR)
   sluice-cni uninstall --cni-conf-dir DIR --cni-bin-dir DIR [LAYOUT]
       removes the entry from every *.conflist there, deletes sluice-cni's
       own files (its owned conflist, standalone configs), then the binary

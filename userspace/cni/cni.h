@@ -18,6 +18,7 @@
 
 #include "base/result.h"
 #include "base/tc_mode.h"
+#include "userspace/cni/mesh_check.h"
 #include "userspace/cni/plugin.h"
 
 namespace sluice::cni {
@@ -86,6 +87,9 @@ struct NetConf {
   /// --cni-unchained`, run by Multus as an additional network): ADD gets no
   /// prevResult, the agent finds the pod's addresses in its netns.
   bool chained = true;
+  /// How to judge a pod when the agent cannot be reached (kubeconfig,
+  /// excludeNamespaces, enablementSelectors).
+  MeshConfig mesh;
   /// The previous plugin's result, kept with its key order so ADD can
   /// return it unchanged.
   std::optional<nlohmann::ordered_json> prevResult;

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -192,6 +193,8 @@ Result<InstallOptions> parseInstallArgs(const std::vector<std::string>& args, bo
       std::string v;
       if (takesValue) SLUICE_TRY(value(v));
       SLUICE_TRY(applyConfModeFlag(o.mode, a, v));
+    } else if (auto mesh = forInstall ? parseMeshInstallFlag(o.mesh, args, i) : Result<bool>(false); !mesh.ok() || *mesh) {
+      SLUICE_TRY(mesh);
     } else {
       return Error::msg("unknown argument '" + a + "'", EINVAL);
     }
@@ -429,6 +432,17 @@ Result<Actions> install(const InstallOptions& o) {
   SLUICE_TRY(plan);
 
   Actions actions;
+  auto mesh = planMeshInstall(o.mesh, [](const char* n) -> std::optional<std::string> {
+    const char* v = std::getenv(n);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  });
+  SLUICE_TRY(mesh);
+  if (!mesh->kubeconfigPath.empty()) {
+    SLUICE_TRY(writeFileAtomic(mesh->kubeconfigPath, mesh->kubeconfigText, 0600));
+    actions.push_back("wrote the Kubernetes credentials for the API at " + mesh->server + " to " + mesh->kubeconfigPath +
+                      " (mode 0600)");
+  }
+  for (const auto& [k, v] : mesh->keys.items()) plan->updated["plugins"].back()[k] = v;
   // The binary first: a chain naming a plugin the runtime can't find would
   // fail every pod's start.
   const std::string bin = (fs::path(o.binDir) / kPluginType).string();

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/result.h"
+#include "userspace/cni/mesh_install.h"
 
 namespace sluice::cni {
 
@@ -58,6 +59,9 @@ struct InstallOptions {
   std::optional<std::chrono::seconds> waitTimeout;
   /// Progress lines while install waits (nullptr: none).
   std::function<void(const std::string&)> progress;
+  /// --kubeconfig, --service-account-dir, --exclude-namespaces,
+  /// --ambient-enablement-selector (mesh_install.h).
+  MeshInstallOptions mesh;
 };
 
 /// Parses the arguments after `install` / `uninstall` (uninstall takes no

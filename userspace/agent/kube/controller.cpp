@@ -78,9 +78,9 @@ Controller::Controller(Client& client, ControllerOptions options, DataplaneCallb
       InformerHandlers<Namespace>{
           nsChanged,
           [this, nsChanged](const Namespace& old, const Namespace& n) {
-            if (namespaceSelected(old.labels) != namespaceSelected(n.labels))
+            if (namespaceSelected(old.labels, options_.rules) != namespaceSelected(n.labels, options_.rules))
               spdlog::info("kube: namespace {} is {} the ambient mesh", n.name,
-                           namespaceSelected(n.labels) ? "now in" : "no longer in");
+                           namespaceSelected(n.labels, options_.rules) ? "now in" : "no longer in");
             nsChanged(n);
           },
           nsChanged, [this] { notifyCache(); }});

@@ -48,7 +48,7 @@
 #include "base/result.h"
 #include "userspace/agent/kube/backoff.h"
 #include "userspace/agent/kube/client.h"
-#include "userspace/agent/kube/decisions.h"
+#include "userspace/mesh/decisions.h"
 #include "userspace/agent/kube/informer.h"
 #include "userspace/agent/kube/netns_finder.h"
 #include "userspace/agent/kube/workqueue.h"

@@ -40,7 +40,7 @@
 
 #include "userspace/agent/kube/backoff.h"
 #include "userspace/agent/kube/client.h"
-#include "userspace/agent/kube/objects.h"
+#include "userspace/mesh/objects.h"
 
 namespace sluice::kube {
 

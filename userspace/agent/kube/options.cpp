@@ -4,49 +4,17 @@
 #include <cstdlib>
 #include <sstream>
 
-#include "userspace/agent/kube/decisions.h"
+#include "userspace/mesh/decisions.h"
+#include "userspace/mesh/selectors.h"
 
 namespace sluice::agent {
 
 namespace {
 
-bool lowerAlnum(char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
-
-// RFC 1123 label (namespace names): 1-63 of [a-z0-9-], alphanumeric at both ends.
-bool isDnsLabel(const std::string& s) {
-  if (s.empty() || s.size() > 63 || !lowerAlnum(s.front()) || !lowerAlnum(s.back())) return false;
-  return std::all_of(s.begin(), s.end(), [](char c) { return lowerAlnum(c) || c == '-'; });
-}
-
-// RFC 1123 subdomain (node names): dot-separated labels, at most 253 in all.
-bool isDnsSubdomain(const std::string& s) {
-  if (s.empty() || s.size() > 253) return false;
-  std::stringstream ss(s);
-  std::string label;
-  size_t labels = 0;
-  while (std::getline(ss, label, '.')) {
-    if (!isDnsLabel(label)) return false;
-    labels++;
-  }
-  return labels > 0 && s.back() != '.';
-}
-
-// A label value: up to 63 of [A-Za-z0-9-_.], alphanumeric at both ends (or
-// empty); a key: an optional DNS-subdomain prefix and '/', then a name of
-// the same characters.
-bool labelName(const std::string& s) {
-  auto an = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) != 0; };
-  if (s.empty() || s.size() > 63 || !an(s.front()) || !an(s.back())) return false;
-  return std::all_of(s.begin(), s.end(), [&](char c) { return an(c) || c == '-' || c == '_' || c == '.'; });
-}
-
-bool isLabelKey(const std::string& key) {
-  auto slash = key.find('/');
-  if (slash == std::string::npos) return labelName(key);
-  return isDnsSubdomain(key.substr(0, slash)) && labelName(key.substr(slash + 1));
-}
-
-bool isLabelValue(const std::string& v) { return v.empty() || labelName(v); }
+using kube::isDnsLabel;
+using kube::isDnsSubdomain;
+using kube::isLabelKey;
+using kube::isLabelValue;
 
 Status absolutePath(const std::string& flag, const std::string& v) {
   if (v.empty() || v[0] != '/') return Error::msg(flag + " needs an absolute path", EINVAL);
@@ -58,7 +26,8 @@ Status absolutePath(const std::string& flag, const std::string& v) {
 bool isKubeFlag(const std::string& flag) {
   static const char* flags[] = {"--kube",          "--kube-api",          "--kube-token-file",
                                 "--kube-ca-file",  "--node-name",         "--ztunnel-namespace",
-                                "--ztunnel-label", "--exclude-namespaces", "--dns-capture"};
+                                "--ztunnel-label", "--exclude-namespaces", "--dns-capture",
+                                "--ambient-enablement-selector"};
   return std::any_of(std::begin(flags), std::end(flags), [&](const char* f) { return flag == f; });
 }
 
@@ -118,6 +87,11 @@ Status applyKubeFlag(KubeOptions& o, const std::string& flag, const std::string&
     auto b = kube::parseBool(v);
     if (!b.ok()) return Error::msg("invalid --dns-capture '" + v + "' (expected true or false)", EINVAL);
     o.dnsCaptureDefault = *b;
+  } else if (flag == "--ambient-enablement-selector") {
+    auto sel = kube::parseEnablementSelectorsText(v);
+    if (!sel.ok()) return Error::msg("invalid --ambient-enablement-selector: " + sel.error().message, EINVAL);
+    o.selectors = std::move(*sel);
+    o.selectorsSet = true;
   } else {
     return Error::msg("unknown option '" + flag + "'", EINVAL);
   }
@@ -131,6 +105,14 @@ std::optional<std::string> processEnv(const char* name) {
 }
 
 Status resolveKubeOptions(KubeOptions& o, const EnvLookup& env) {
+  // Istio's istio-cni reads its selectors from this variable (the chart's
+  // ambient.enablementSelectors); the flag wins.
+  if (!o.selectorsSet)
+    if (auto text = env("AMBIENT_ENABLEMENT_SELECTOR")) {
+      auto sel = kube::parseEnablementSelectorsText(*text);
+      if (!sel.ok()) return Error::msg("invalid AMBIENT_ENABLEMENT_SELECTOR: " + sel.error().message, EINVAL);
+      o.selectors = std::move(*sel);
+    }
   if (o.mode == KubeMode::Off) {
     if (!o.apiUrl.empty()) return Error::msg("--kube off contradicts --kube-api", EINVAL);
     o.inCluster = false;
@@ -162,7 +144,8 @@ std::string describeKube(const KubeOptions& o) {
   for (const auto& ns : o.excludeNamespaces) ex += (ex.empty() ? "" : ",") + ns;
   return (o.inCluster ? std::string("in cluster") : o.apiUrl) + ", node " + o.nodeName + ", ztunnel " +
          o.ztunnelNamespace + "/" + o.ztunnelLabelKey + "=" + o.ztunnelLabelValue + ", excluded [" + ex +
-         "], DNS capture by default " + (o.dnsCaptureDefault ? "on" : "off");
+         "], DNS capture by default " + (o.dnsCaptureDefault ? "on" : "off") + ", enablement selectors " +
+         (o.selectors.isDefault() ? std::string("Istio's default") : o.selectors.toJson().dump());
 }
 
 const char* kubeUsage() {
@@ -182,6 +165,14 @@ docs/kubernetes.md):
                            (default kube-system; "" for none)
   --dns-capture BOOL       DNS capture of pods without the
                            ambient.istio.io/dns-capture annotation (default true)
+  --ambient-enablement-selector YAML
+                           which pods are in the mesh: Istio's
+                           ambient.enablementSelectors (a list of
+                           {podSelector, namespaceSelector}; YAML or JSON);
+                           default $AMBIENT_ENABLEMENT_SELECTOR, else Istio's
+                           default (pod or namespace labelled
+                           istio.io/dataplane-mode=ambient); one that does not
+                           parse stops the agent
 )";
 }
 

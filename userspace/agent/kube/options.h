@@ -9,6 +9,7 @@
 #include <string>
 
 #include "base/result.h"
+#include "userspace/mesh/selectors.h"
 
 namespace sluice::agent {
 
@@ -36,6 +37,10 @@ struct KubeOptions {
   /// DNS capture of pods without a valid ambient.istio.io/dns-capture
   /// annotation (Istio's AMBIENT_DNS_CAPTURE, default true).
   bool dnsCaptureDefault = true;
+  /// --ambient-enablement-selector, else $AMBIENT_ENABLEMENT_SELECTOR:
+  /// which pods are in the mesh (Istio's default unless set).
+  kube::EnablementSelectors selectors = kube::EnablementSelectors::istioDefault();
+  bool selectorsSet = false;  ///< given by the flag
 
   /// Set by resolveKubeOptions: the in-cluster configuration is used.
   bool inCluster = false;

@@ -43,6 +43,7 @@ Status KubeWiring::start(AgentDataplane dataplane) {
   co.rules.ztunnelLabelValue = options.ztunnelLabelValue;
   co.rules.excludeNamespaces = options.excludeNamespaces;
   co.rules.dnsCaptureDefault = options.dnsCaptureDefault;
+  co.rules.selectors = options.selectors;
   kube::DataplaneCallbacks cb;
   KubeWiring* self = this;
   cb.enroll = [self](const kube::PodRef& p, const kube::PodSettings& s, const kube::NetnsLocation& l) {

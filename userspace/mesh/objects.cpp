@@ -1,4 +1,4 @@
-#include "userspace/agent/kube/objects.h"
+#include "userspace/mesh/objects.h"
 
 namespace sluice::kube {
 

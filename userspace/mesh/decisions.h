@@ -1,5 +1,8 @@
 // Which pods the node agent enrolls, and with which settings: Istio's
 // ambient rules as pure functions of a pod and its namespace's labels.
+// Shared by the agent's controller (userspace/agent/kube) and sluice-cni,
+// which judges a pod itself when the agent cannot be reached, so both
+// decide alike.
 //
 // Sources in istio/istio (the rule each function follows):
 //  - selection: cni/pkg/util/enablement_selector.go (Matches: hostNetwork,
@@ -27,7 +30,8 @@
 #include <nlohmann/json.hpp>
 
 #include "base/result.h"
-#include "userspace/agent/kube/objects.h"
+#include "userspace/mesh/objects.h"
+#include "userspace/mesh/selectors.h"
 
 namespace sluice::kube {
 
@@ -60,6 +64,8 @@ struct Rules {
   std::set<std::string> excludeNamespaces = {"kube-system"};
   /// DNS capture for pods without a valid dns-capture annotation.
   bool dnsCaptureDefault = true;
+  /// Which pods are in the mesh (AMBIENT_ENABLEMENT_SELECTOR).
+  EnablementSelectors selectors = EnablementSelectors::istioDefault();
 };
 
 /// How an enrolled pod's traffic is captured (its annotations over the node
@@ -96,9 +102,10 @@ bool isZtunnelPod(const Pod& pod, const Rules& rules);
 /// Phase Succeeded or Failed: its containers are gone for good.
 bool isTerminal(const Pod& pod);
 
-/// Whether namespace labels alone select pods (Istio's MatchesNamespace with
-/// the default selectors): istio.io/dataplane-mode=ambient.
-bool namespaceSelected(const std::map<std::string, std::string>& namespaceLabels);
+/// Whether namespace labels alone select pods (Istio's MatchesNamespace:
+/// a non-empty namespaceSelector of the rules' selectors matches); with the
+/// default selectors, istio.io/dataplane-mode=ambient.
+bool namespaceSelected(const std::map<std::string, std::string>& namespaceLabels, const Rules& rules = {});
 
 /// The pod's settings from its annotations; unusable values add a warning
 /// and leave the default (Istio logs and ignores them too). Interface names
@@ -108,10 +115,10 @@ PodSettings podSettings(const Pod& pod, const Rules& rules, std::vector<std::str
 
 /// The whole decision for @p pod in a namespace with @p namespaceLabels.
 /// Checked in this order: host network, sidecar, ztunnel's own pod, excluded
-/// namespace, finished (Succeeded/Failed), then the selectors: the pod's
-/// label istio.io/dataplane-mode=ambient, or the namespace's label
-/// istio.io/dataplane-mode=ambient without the pod's
-/// istio.io/dataplane-mode=none.
+/// namespace, finished (Succeeded/Failed), then the rules' enablement
+/// selectors; by default the pod's label istio.io/dataplane-mode=ambient,
+/// or the namespace's label istio.io/dataplane-mode=ambient without the
+/// pod's istio.io/dataplane-mode=none.
 Decision decide(const Pod& pod, const std::map<std::string, std::string>& namespaceLabels, const Rules& rules);
 
 /// The merge patch of pods/{name}/status that sets the redirection

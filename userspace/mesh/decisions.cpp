@@ -1,4 +1,4 @@
-#include "userspace/agent/kube/decisions.h"
+#include "userspace/mesh/decisions.h"
 
 #include <algorithm>
 
@@ -56,9 +56,8 @@ bool isZtunnelPod(const Pod& pod, const Rules& rules) {
 
 bool isTerminal(const Pod& pod) { return pod.phase == "Succeeded" || pod.phase == "Failed"; }
 
-bool namespaceSelected(const std::map<std::string, std::string>& labels) {
-  const std::string* v = find(labels, kDataplaneModeLabel);
-  return v && *v == kDataplaneModeAmbient;
+bool namespaceSelected(const std::map<std::string, std::string>& labels, const Rules& rules) {
+  return rules.selectors.matchesNamespace(labels);
 }
 
 PodSettings podSettings(const Pod& pod, const Rules& rules, std::vector<std::string>* warnings) {
@@ -102,17 +101,24 @@ Decision decide(const Pod& pod, const std::map<std::string, std::string>& nsLabe
   if (rules.excludeNamespaces.count(pod.namespaceName)) return no("namespace " + pod.namespaceName + " is excluded");
   if (isTerminal(pod)) return no("pod has finished (phase " + pod.phase + ")");
 
-  const std::string* podMode = find(pod.labels, kDataplaneModeLabel);
-  const std::string label = std::string(kDataplaneModeLabel) + "=";
-  if (podMode && *podMode == kDataplaneModeAmbient) {
-    d.reason = "pod labelled " + label + kDataplaneModeAmbient;
-  } else if (namespaceSelected(nsLabels)) {
-    // The default selector's NotIn [none]: any other value (or none) is in.
-    if (podMode && *podMode == kDataplaneModeNone)
+  auto selected = rules.selectors.match(pod.labels, nsLabels);
+  if (rules.selectors.isDefault()) {
+    // Istio's default selectors, told in their own words.
+    const std::string* podMode = find(pod.labels, kDataplaneModeLabel);
+    const std::string label = std::string(kDataplaneModeLabel) + "=";
+    if (podMode && *podMode == kDataplaneModeAmbient) {
+      d.reason = "pod labelled " + label + kDataplaneModeAmbient;
+    } else if (selected) {
+      d.reason = "namespace labelled " + label + kDataplaneModeAmbient;
+    } else if (podMode && *podMode == kDataplaneModeNone && rules.selectors.matchesNamespace(nsLabels)) {
       return no("pod opts out with " + label + kDataplaneModeNone);
-    d.reason = "namespace labelled " + label + kDataplaneModeAmbient;
+    } else {
+      return no("neither the pod nor namespace " + pod.namespaceName + " is labelled " + label + kDataplaneModeAmbient);
+    }
+  } else if (selected) {
+    d.reason = "selected by " + rules.selectors.describeEntry(*selected);
   } else {
-    return no("neither the pod nor namespace " + pod.namespaceName + " is labelled " + label + kDataplaneModeAmbient);
+    return no("no enablement selector selects it (namespace " + pod.namespaceName + ")");
   }
   d.enroll = true;
   d.settings = podSettings(pod, rules, &d.warnings);
