@@ -138,6 +138,7 @@ Agent::~Agent() { stop(); }
 void Agent::stop() {
   if (stopping_.exchange(true)) return;
   if (kube_) kube_->stop();  // no controller call into the datapath after this
+  untaintStop_.request_stop();
   cniWatcher_.reset();
   if (stopFd_.valid()) {
     uint64_t one = 1;

@@ -9,6 +9,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -184,6 +185,7 @@ class Agent {
   uint16_t metricsPort_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread apiThread_, metricsThread_, reconcileThread_, istioThread_, untaintThread_;
+  std::stop_source untaintStop_;  ///< cancels the untaint loop's API request
   struct Conn {
     int fd = -1;
     bool metrics = false;  ///< served on the metrics listener

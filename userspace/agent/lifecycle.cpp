@@ -79,7 +79,7 @@ void Agent::untaintLoop() {
     std::vector<std::string> missing = readiness();
     std::string problem;
     if (missing.empty()) {
-      auto removed = kube_->removeNodeTaint(key);
+      auto removed = kube_->removeNodeTaint(key, untaintStop_.get_token());
       if (removed.ok()) {
         if (*removed)
           spdlog::info("node {}: removed its taint {} (the agent is ready)", node, key);
@@ -87,6 +87,7 @@ void Agent::untaintLoop() {
           spdlog::info("node {} has no taint {}; nothing to remove", node, key);
         return;
       }
+      if (stopping_) return;
       problem = "could not remove taint " + key + " from node " + node + ": " + removed.error().message;
       delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(30));
     }

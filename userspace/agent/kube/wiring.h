@@ -107,7 +107,7 @@ class KubeWiring {
   /// Istio's untaint controller does: a JSON patch that tests the taints
   /// read and replaces them (read again when they changed meanwhile).
   /// True when one was removed, false when the node had none.
-  Result<bool> removeNodeTaint(const std::string& key);
+  Result<bool> removeNodeTaint(const std::string& key, std::stop_token stop = {});
   /// The DaemonSet NS/NAME as the API has it, asked within @p timeout; an
   /// error when the API did not answer (or answered other than 200/404).
   Result<DaemonSetState> daemonSetState(const std::string& ns, const std::string& name,
