@@ -264,6 +264,26 @@ class Cni : public ::testing::Test {
   }
 
   std::string socket() const { return work_.file("agent.sock"); }
+
+  /// The pod's proxy stand-in (in its netns, with @p capture's socket
+  /// contract) and a server on the node at the gateway, where the pod's
+  /// outbound connections go (dst).
+  struct ProxiedPod {
+    std::unique_ptr<ProxyStandIn> standIn;
+    std::unique_ptr<TcpServer> server;
+    Endpoint dst;
+  };
+  void startProxyAndServer(CaptureMode capture, ProxiedPod& out) {
+    StandInConfig cfg = testStandInConfig(capture);
+    cfg.netnsPath = pod_.path();
+    auto standIn = ProxyStandIn::start(cfg);
+    ASSERT_TRUE(standIn.ok()) << standIn.error().message;
+    out.standIn = std::move(*standIn);
+    auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
+    ASSERT_TRUE(server.ok()) << server.error().message;
+    out.server = std::move(*server);
+    out.dst = Endpoint::of(gatewayIp(), out.server->port());
+  }
   std::string podIp() const { return subnetPrefix_ + "2"; }
   std::string gatewayIp() const { return subnetPrefix_ + "1"; }
 
@@ -395,13 +415,10 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
 
   // Rule 1: outbound TCP goes to the proxy, which sees the original
   // destination and relays it on.
-  StandInConfig cfg = testStandInConfig(socket ? CaptureMode::Socket : CaptureMode::Tc);
-  cfg.netnsPath = pod_.path();
-  auto standIn = ProxyStandIn::start(cfg);
-  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
-  auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
-  ASSERT_TRUE(server.ok()) << server.error().message;
-  const Endpoint dst = Endpoint::of(gatewayIp(), (*server)->port());
+  ProxiedPod proxied;
+  ASSERT_NO_FATAL_FAILURE(startProxyAndServer(socket ? CaptureMode::Socket : CaptureMode::Tc, proxied));
+  auto& standIn = proxied.standIn;
+  const Endpoint dst = proxied.dst;
   {
     auto conn = tcpConnect(pod_, dst);
     ASSERT_TRUE(conn.ok()) << conn.error().message;
@@ -409,8 +426,8 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
     ASSERT_TRUE(echo.ok()) << echo.error().message;
     EXPECT_EQ(*echo, "through the proxy");
   }
-  ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
-  auto ev = (*standIn)->events();
+  ASSERT_TRUE(standIn->waitForEvents(1, kIoTimeout));
+  auto ev = standIn->events();
   EXPECT_EQ(ev[0].listener, "outbound") << describe(ev);
   EXPECT_EQ(ev[0].origDst, dst.str()) << describe(ev);
   EXPECT_EQ(ev[0].detail, "upstream ok") << describe(ev);
@@ -453,10 +470,10 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
     auto echo = echoRoundTrip(conn->get(), "direct");
     ASSERT_TRUE(echo.ok()) << echo.error().message;
   }
-  ASSERT_TRUE((*server)->waitForAccepts(2, kIoTimeout));
-  EXPECT_EQ((*server)->peers().back().ip(), podIp());
-  EXPECT_EQ((*standIn)->events().size(), 1u) << describe((*standIn)->events());
-  (*standIn)->stop();
+  ASSERT_TRUE(proxied.server->waitForAccepts(2, kIoTimeout));
+  EXPECT_EQ(proxied.server->peers().back().ip(), podIp());
+  EXPECT_EQ(standIn->events().size(), 1u) << describe(standIn->events());
+  standIn->stop();
   // ... then the bridge releases the address and the veth.
   auto delBridge = rt.invokePlugin(list_, list_["plugins"][0], "DEL", params_, add.result);
   ASSERT_EQ(delBridge.exitCode, 0) << delBridge.describe();
@@ -780,16 +797,14 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   ASSERT_TRUE(add.ok) << add.describe();
   auto pods = listPods();
   ASSERT_EQ(pods.size(), 1u);
-  StandInConfig cfg = testStandInConfig(pods[0].capture == "socket" ? CaptureMode::Socket : CaptureMode::Tc);
-  cfg.netnsPath = pod_.path();
-  auto standIn = ProxyStandIn::start(cfg);
-  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
-  auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
-  ASSERT_TRUE(server.ok()) << server.error().message;
-  const Endpoint dst = Endpoint::of(gatewayIp(), (*server)->port());
+  ProxiedPod proxied;
+  ASSERT_NO_FATAL_FAILURE(
+      startProxyAndServer(pods[0].capture == "socket" ? CaptureMode::Socket : CaptureMode::Tc, proxied));
+  auto& standIn = proxied.standIn;
+  const Endpoint dst = proxied.dst;
   Status echo = connectAndEcho(pod_, dst);
   ASSERT_TRUE(echo.ok()) << echo.error().message;
-  ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
+  ASSERT_TRUE(standIn->waitForEvents(1, kIoTimeout));
   const std::string conflist = readTextFile(conflistPath());
   ASSERT_TRUE(pathExists(binary()));
 
@@ -805,7 +820,7 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   EXPECT_TRUE(pathExists(bpffs_.linkDir(podId_))) << "the running pod's pins";
   echo = connectAndEcho(pod_, dst);
   EXPECT_TRUE(echo.ok()) << echo.error().message;
-  EXPECT_TRUE((*standIn)->waitForEvents(2, kIoTimeout)) << "the running pod's connection did not reach its proxy";
+  EXPECT_TRUE(standIn->waitForEvents(2, kIoTimeout)) << "the running pod's connection did not reach its proxy";
 
   if (how == "present" || how == "unreachable") {
     EXPECT_NE(log.find(how == "present" ? "DaemonSet sluice-system/sluice-node is still there"
