@@ -749,12 +749,12 @@ class CniUninstall : public Cni {
     Cni::TearDown();
   }
 
-  void startKubeAgent() {
+  void startKubeAgent(const std::string& daemonSet = "sluice-node") {
     auto a = AgentProcess::start(
         bpffs_.root(),
         {"--kube-api", api_->url(), "--kube-token-file", api_->tokenFile(), "--kube-ca-file", api_->caFile(),
          "--node-name", "node-a", "--cni-conf-dir", work_.file("net.d"), "--cni-agent-socket", socket(), "--daemonset",
-         "sluice-node", "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")},
+         daemonSet, "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")},
         socket());
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
@@ -865,6 +865,22 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
 
 INSTANTIATE_TEST_SUITE_P(DaemonSet, CniUninstallWhen, ::testing::Values("present", "deleted", "deleting", "unreachable"),
                          [](const auto& info) { return info.param; });
+
+// A --daemonset that names no DaemonSet while the agent runs is a wrong
+// name, not an uninstall to come: said at start, and SIGTERM changes nothing.
+TEST_F(CniUninstall, AMisnamedDaemonSetNeverUninstalls) {
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent("sluice-nodes"));
+  EXPECT_NE(agent_->log().find("DaemonSet sluice-system/sluice-nodes (--daemonset) does not exist while this agent "
+                               "runs: the name is wrong"),
+            std::string::npos)
+      << agent_->log();
+  const std::string conflist = readTextFile(conflistPath());
+  ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  EXPECT_NE(agent_->log().find("did not exist at start (a wrong --daemonset); not uninstalling"), std::string::npos)
+      << agent_->log();
+  EXPECT_EQ(readTextFile(conflistPath()), conflist);
+  EXPECT_TRUE(pathExists(binary()));
+}
 
 // An uninstall with no pod enrolled takes the node's pinned state too
 // (programs, maps, the socket mode's node hooks): nothing is left of sluice.

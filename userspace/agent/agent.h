@@ -172,6 +172,10 @@ class Agent {
   enum class Departure { Stay, Uninstall };
   /// What SIGTERM means, asked of the API (one log line says which).
   Departure departure();
+  /// At start, the agent's own DaemonSet must exist: a 404 then means a
+  /// wrong --daemonset, and SIGTERM never uninstalls (an error line).
+  void checkDaemonSet();
+  bool daemonSetMisnamed_ = false;
   /// sluice-cni out of the chain, its binary, and the node-wide pinned
   /// state when no pod is enrolled.
   void uninstallNode();

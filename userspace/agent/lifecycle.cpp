@@ -98,9 +98,30 @@ void Agent::untaintLoop() {
   }
 }
 
+void Agent::checkDaemonSet() {
+  if (options_.daemonSet.empty() || !kube_) return;
+  const std::string ds = options_.daemonSetNamespace + "/" + options_.daemonSet;
+  // Its pod runs, so the DaemonSet is there: a 404 now is a wrong name, which
+  // would turn every update into an uninstall. Not answered: asked again
+  // on SIGTERM as usual.
+  auto state = kube_->daemonSetState(options_.daemonSetNamespace, options_.daemonSet, std::chrono::seconds(2));
+  if (state.ok() && !state->present) {
+    daemonSetMisnamed_ = true;
+    spdlog::error("DaemonSet {} (--daemonset) does not exist while this agent runs: the name is wrong; this agent "
+                  "will not uninstall on SIGTERM",
+                  ds);
+  } else if (!state.ok()) {
+    spdlog::debug("DaemonSet {} not checked at start: {}", ds, state.error().message);
+  }
+}
+
 Agent::Departure Agent::departure() {
   if (options_.daemonSet.empty()) return Departure::Stay;
   const std::string ds = options_.daemonSetNamespace + "/" + options_.daemonSet;
+  if (daemonSetMisnamed_) {
+    spdlog::warn("stopping: DaemonSet {} did not exist at start (a wrong --daemonset); not uninstalling", ds);
+    return Departure::Stay;
+  }
   if (!kube_) {
     spdlog::info("stopping: no Kubernetes client to ask whether DaemonSet {} is being removed; not uninstalling", ds);
     return Departure::Stay;
