@@ -761,6 +761,17 @@ class CniUninstall : public Cni {
   }
 
   std::string conflistPath() const { return work_.file("net.d") + "/10-test.conflist"; }
+
+  /// Every pin under the bpffs root (paths relative to it).
+  std::vector<std::string> pins() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(bpffs_.root(), ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      out.push_back(fs::relative(it->path(), bpffs_.root()).string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
   std::string binary() const { return work_.file("bin") + "/sluice-cni"; }
 
   Status removeDaemonSet(const std::string& how) {
@@ -807,6 +818,8 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   ASSERT_TRUE(standIn->waitForEvents(1, kIoTimeout));
   const std::string conflist = readTextFile(conflistPath());
   ASSERT_TRUE(pathExists(binary()));
+  const std::vector<std::string> pinsBefore = pins();
+  ASSERT_FALSE(pinsBefore.empty());
 
   if (how == "deleted" || how == "deleting") {
     Status st = removeDaemonSet(how);
@@ -816,7 +829,9 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
   const std::string log = agent_->log();
 
-  // The pod is enrolled and captured whatever SIGTERM meant.
+  // The pod is enrolled and captured whatever SIGTERM meant: every pin
+  // stays (the pod needs the node's too).
+  EXPECT_EQ(pins(), pinsBefore) << "the pinned state changed";
   EXPECT_TRUE(pathExists(bpffs_.linkDir(podId_))) << "the running pod's pins";
   echo = connectAndEcho(pod_, dst);
   EXPECT_TRUE(echo.ok()) << echo.error().message;
