@@ -738,9 +738,16 @@ class CniUninstall : public Cni {
     ASSERT_TRUE(s.ok()) << s.error().message;
     api_ = std::move(*s);
     ASSERT_TRUE(api_->createNodeAgentPod().ok());
+    // The DaemonSet runs on the nodes labelled for it (deploy/README.md,
+    // switching some nodes only); node-a is.
     json ds = {{"metadata", {{"name", "sluice-node"}, {"namespace", "sluice-system"}}},
-               {"spec", {{"selector", {{"matchLabels", {{"app.kubernetes.io/name", "sluice"}}}}}}}};
-    ASSERT_TRUE(api_->apply(json::array({{{"op", "create"}, {"kind", "daemonsets"}, {"object", ds}}})).ok());
+               {"spec",
+                {{"selector", {{"matchLabels", {{"app.kubernetes.io/name", "sluice"}}}}},
+                 {"template", {{"spec", {{"nodeSelector", {{"mesh-node-agent", "sluice"}}}}}}}}}};
+    json node = {{"metadata", {{"name", "node-a"}, {"labels", {{"mesh-node-agent", "sluice"}}}}}};
+    ASSERT_TRUE(api_->apply(json::array({{{"op", "create"}, {"kind", "daemonsets"}, {"object", ds}},
+                                         {{"op", "create"}, {"kind", "nodes"}, {"object", node}}}))
+                    .ok());
     params_.args = "IgnoreUnknown=1";
   }
 
@@ -776,7 +783,12 @@ class CniUninstall : public Cni {
 
   Status removeDaemonSet(const std::string& how) {
     json op = {{"kind", "daemonsets"}, {"namespace", "sluice-system"}, {"name", "sluice-node"}};
-    if (how == "deleted") {
+    if (how == "unselected") {
+      // The node's label moved to the other node agent: the DaemonSet stays,
+      // but no longer selects node-a.
+      op = {{"op", "patch"}, {"kind", "nodes"}, {"name", "node-a"},
+            {"patch", {{"metadata", {{"labels", {{"mesh-node-agent", "istio"}}}}}}}};
+    } else if (how == "deleted") {
       op["op"] = "delete";
     } else {
       // A deletion with a finalizer (kubectl delete --cascade=foreground):
@@ -795,7 +807,8 @@ class CniUninstall : public Cni {
 class CniUninstallWhen : public CniUninstall, public ::testing::WithParamInterface<std::string> {};
 
 // SIGTERM with the DaemonSet still there (an update), gone (404), being
-// deleted (deletionTimestamp), or the API unreachable. An update and an
+// deleted (deletionTimestamp), no longer selecting the node (its
+// nodeSelector), or the API unreachable. An update and an
 // unreachable API change nothing; an uninstall takes sluice-cni out of the
 // chain and its binary away, the running pod keeps its redirection (its
 // connections still reach its proxy) until it is removed, a new pod starts
@@ -821,7 +834,7 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   const std::vector<std::string> pinsBefore = pins();
   ASSERT_FALSE(pinsBefore.empty());
 
-  if (how == "deleted" || how == "deleting") {
+  if (how == "deleted" || how == "deleting" || how == "unselected") {
     Status st = removeDaemonSet(how);
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
@@ -848,10 +861,11 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
     EXPECT_TRUE(pathExists(binary()));
     return;
   }
-  EXPECT_NE(log.find(how == "deleted" ? "DaemonSet sluice-system/sluice-node is gone (404): uninstalling"
-                                      : "is being deleted (deletionTimestamp 2026-12-07T06:00:00Z): uninstalling"),
-            std::string::npos)
-      << log;
+  const char* why = how == "deleted"    ? "DaemonSet sluice-system/sluice-node is gone (404): uninstalling"
+                    : how == "deleting" ? "is being deleted (deletionTimestamp 2026-12-07T06:00:00Z): uninstalling"
+                                        : "DaemonSet sluice-system/sluice-node no longer selects node node-a (nodeSelector "
+                                          "mesh-node-agent=sluice): uninstalling";
+  EXPECT_NE(log.find(why), std::string::npos) << log;
   EXPECT_NE(log.find("uninstall: 1 pod(s) stay enrolled"), std::string::npos) << log;
   const json now = json::parse(readTextFile(conflistPath()), nullptr, false);
   ASSERT_TRUE(now.is_object());
@@ -878,7 +892,8 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   EXPECT_TRUE(del2.ok) << del2.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(DaemonSet, CniUninstallWhen, ::testing::Values("present", "deleted", "deleting", "unreachable"),
+INSTANTIATE_TEST_SUITE_P(DaemonSet, CniUninstallWhen,
+                         ::testing::Values("present", "deleted", "deleting", "unselected", "unreachable"),
                          [](const auto& info) { return info.param; });
 
 // A --daemonset that names no DaemonSet while the agent runs is a wrong

@@ -133,10 +133,20 @@ Agent::Departure Agent::departure() {
     if (attempt) std::this_thread::sleep_for(std::chrono::seconds(1));
     auto state = kube_->daemonSetState(options_.daemonSetNamespace, options_.daemonSet, std::chrono::seconds(5));
     if (state.ok()) {
+      const std::string& node = options_.kube.nodeName;
+      if (state->present && state->deletionTimestamp.empty() &&
+          state->node.selection == kube::NodeSelection::NotSelected) {
+        spdlog::info("stopping: DaemonSet {} no longer selects node {} ({}): uninstalling sluice from this node", ds,
+                     node, state->node.why);
+        return Departure::Uninstall;
+      }
       if (state->present && state->deletionTimestamp.empty()) {
-        spdlog::info("stopping: DaemonSet {} is still there (an update or a restart): the CNI chain, sluice-cni and "
+        spdlog::info("stopping: DaemonSet {} is still there (an update or a restart){}: the CNI chain, sluice-cni and "
                      "the pinned state stay as they are",
-                     ds);
+                     ds,
+                     state->node.selection == kube::NodeSelection::Unknown
+                         ? "; whether it still selects node " + node + " was not judged (" + state->node.why + ")"
+                         : std::string());
         return Departure::Stay;
       }
       spdlog::info("stopping: DaemonSet {} {}: uninstalling sluice from this node", ds,

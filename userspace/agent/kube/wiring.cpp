@@ -260,13 +260,19 @@ Result<DaemonSetState> KubeWiring::daemonSetState(const std::string& ns, const s
   SLUICE_TRY(client);
   auto ds = (*client)->get(kube::daemonSetPath(ns, name));
   if (!ds.ok()) {
-    if (kube::isNotFound(ds.error())) return DaemonSetState{false, ""};
+    if (kube::isNotFound(ds.error())) return DaemonSetState{};
     return ds.error();
   }
   DaemonSetState s;
   s.present = true;
   if (ds->contains("metadata") && (*ds)["metadata"].value("deletionTimestamp", nlohmann::json()).is_string())
     s.deletionTimestamp = (*ds)["metadata"]["deletionTimestamp"].get<std::string>();
+  if (s.deletionTimestamp.empty()) {
+    auto node = (*client)->get(kube::nodePath(options_.nodeName));
+    s.node = node.ok() ? kube::daemonSetSelectsNode(*ds, *node)
+                       : kube::NodeSelectionAnswer{kube::NodeSelection::Unknown,
+                                                   "node " + options_.nodeName + " not read: " + node.error().message};
+  }
   return s;
 }
 
