@@ -134,6 +134,26 @@ class Cni : public ::testing::Test {
   }
 
   std::string socket() const { return work_.file("agent.sock"); }
+
+  /// The pod's proxy stand-in (in its netns, with @p capture's socket
+  /// contract) and a server on the node at the gateway, where the pod's
+  /// outbound connections go (dst).
+  struct ProxiedPod {
+    std::unique_ptr<ProxyStandIn> standIn;
+    std::unique_ptr<TcpServer> server;
+    Endpoint dst;
+  };
+  void startProxyAndServer(CaptureMode capture, ProxiedPod& out) {
+    StandInConfig cfg = testStandInConfig(capture);
+    cfg.netnsPath = pod_.path();
+    auto standIn = ProxyStandIn::start(cfg);
+    ASSERT_TRUE(standIn.ok()) << standIn.error().message;
+    out.standIn = std::move(*standIn);
+    auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
+    ASSERT_TRUE(server.ok()) << server.error().message;
+    out.server = std::move(*server);
+    out.dst = Endpoint::of(gatewayIp(), out.server->port());
+  }
   std::string podIp() const { return subnetPrefix_ + "2"; }
   std::string gatewayIp() const { return subnetPrefix_ + "1"; }
 
@@ -265,13 +285,10 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
 
   // Rule 1: outbound TCP goes to the proxy, which sees the original
   // destination and relays it on.
-  StandInConfig cfg = testStandInConfig(socket ? CaptureMode::Socket : CaptureMode::Tc);
-  cfg.netnsPath = pod_.path();
-  auto standIn = ProxyStandIn::start(cfg);
-  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
-  auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
-  ASSERT_TRUE(server.ok()) << server.error().message;
-  const Endpoint dst = Endpoint::of(gatewayIp(), (*server)->port());
+  ProxiedPod proxied;
+  ASSERT_NO_FATAL_FAILURE(startProxyAndServer(socket ? CaptureMode::Socket : CaptureMode::Tc, proxied));
+  auto& standIn = proxied.standIn;
+  const Endpoint dst = proxied.dst;
   {
     auto conn = tcpConnect(pod_, dst);
     ASSERT_TRUE(conn.ok()) << conn.error().message;
@@ -279,8 +296,8 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
     ASSERT_TRUE(echo.ok()) << echo.error().message;
     EXPECT_EQ(*echo, "through the proxy");
   }
-  ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
-  auto ev = (*standIn)->events();
+  ASSERT_TRUE(standIn->waitForEvents(1, kIoTimeout));
+  auto ev = standIn->events();
   EXPECT_EQ(ev[0].listener, "outbound") << describe(ev);
   EXPECT_EQ(ev[0].origDst, dst.str()) << describe(ev);
   EXPECT_EQ(ev[0].detail, "upstream ok") << describe(ev);
@@ -323,10 +340,10 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
     auto echo = echoRoundTrip(conn->get(), "direct");
     ASSERT_TRUE(echo.ok()) << echo.error().message;
   }
-  ASSERT_TRUE((*server)->waitForAccepts(2, kIoTimeout));
-  EXPECT_EQ((*server)->peers().back().ip(), podIp());
-  EXPECT_EQ((*standIn)->events().size(), 1u) << describe((*standIn)->events());
-  (*standIn)->stop();
+  ASSERT_TRUE(proxied.server->waitForAccepts(2, kIoTimeout));
+  EXPECT_EQ(proxied.server->peers().back().ip(), podIp());
+  EXPECT_EQ(standIn->events().size(), 1u) << describe(standIn->events());
+  standIn->stop();
   // ... then the bridge releases the address and the veth.
   auto delBridge = rt.invokePlugin(list_, list_["plugins"][0], "DEL", params_, add.result);
   ASSERT_EQ(delBridge.exitCode, 0) << delBridge.describe();
@@ -591,9 +608,16 @@ class CniUninstall : public Cni {
     ASSERT_TRUE(s.ok()) << s.error().message;
     api_ = std::move(*s);
     ASSERT_TRUE(api_->createNodeAgentPod().ok());
+    // The DaemonSet runs on the nodes labelled for it (deploy/README.md,
+    // switching some nodes only); node-a is.
     json ds = {{"metadata", {{"name", "sluice-node"}, {"namespace", "sluice-system"}}},
-               {"spec", {{"selector", {{"matchLabels", {{"app.kubernetes.io/name", "sluice"}}}}}}}};
-    ASSERT_TRUE(api_->apply(json::array({{{"op", "create"}, {"kind", "daemonsets"}, {"object", ds}}})).ok());
+               {"spec",
+                {{"selector", {{"matchLabels", {{"app.kubernetes.io/name", "sluice"}}}}},
+                 {"template", {{"spec", {{"nodeSelector", {{"mesh-node-agent", "sluice"}}}}}}}}}};
+    json node = {{"metadata", {{"name", "node-a"}, {"labels", {{"mesh-node-agent", "sluice"}}}}}};
+    ASSERT_TRUE(api_->apply(json::array({{{"op", "create"}, {"kind", "daemonsets"}, {"object", ds}},
+                                         {{"op", "create"}, {"kind", "nodes"}, {"object", node}}}))
+                    .ok());
     params_.args = "IgnoreUnknown=1";
   }
 
@@ -602,23 +626,39 @@ class CniUninstall : public Cni {
     Cni::TearDown();
   }
 
-  void startKubeAgent() {
+  void startKubeAgent(const std::string& daemonSet = "sluice-node") {
     auto a = AgentProcess::start(
         bpffs_.root(),
         {"--kube-api", api_->url(), "--kube-token-file", api_->tokenFile(), "--kube-ca-file", api_->caFile(),
          "--node-name", "node-a", "--cni-conf-dir", work_.file("net.d"), "--cni-agent-socket", socket(), "--daemonset",
-         "sluice-node", "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")},
+         daemonSet, "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")},
         socket());
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
   }
 
   std::string conflistPath() const { return work_.file("net.d") + "/10-test.conflist"; }
+
+  /// Every pin under the bpffs root (paths relative to it).
+  std::vector<std::string> pins() const {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(bpffs_.root(), ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec))
+      out.push_back(fs::relative(it->path(), bpffs_.root()).string());
+    std::sort(out.begin(), out.end());
+    return out;
+  }
   std::string binary() const { return work_.file("bin") + "/sluice-cni"; }
 
   Status removeDaemonSet(const std::string& how) {
     json op = {{"kind", "daemonsets"}, {"namespace", "sluice-system"}, {"name", "sluice-node"}};
-    if (how == "deleted") {
+    if (how == "unselected") {
+      // The node's label moved to the other node agent: the DaemonSet stays,
+      // but no longer selects node-a.
+      op = {{"op", "patch"}, {"kind", "nodes"}, {"name", "node-a"},
+            {"patch", {{"metadata", {{"labels", {{"mesh-node-agent", "istio"}}}}}}}};
+    } else if (how == "deleted") {
       op["op"] = "delete";
     } else {
       // A deletion with a finalizer (kubectl delete --cascade=foreground):
@@ -637,7 +677,8 @@ class CniUninstall : public Cni {
 class CniUninstallWhen : public CniUninstall, public ::testing::WithParamInterface<std::string> {};
 
 // SIGTERM with the DaemonSet still there (an update), gone (404), being
-// deleted (deletionTimestamp), or the API unreachable. An update and an
+// deleted (deletionTimestamp), no longer selecting the node (its
+// nodeSelector), or the API unreachable. An update and an
 // unreachable API change nothing; an uninstall takes sluice-cni out of the
 // chain and its binary away, the running pod keeps its redirection (its
 // connections still reach its proxy) until it is removed, a new pod starts
@@ -650,20 +691,20 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   ASSERT_TRUE(add.ok) << add.describe();
   auto pods = listPods();
   ASSERT_EQ(pods.size(), 1u);
-  StandInConfig cfg = testStandInConfig(pods[0].capture == "socket" ? CaptureMode::Socket : CaptureMode::Tc);
-  cfg.netnsPath = pod_.path();
-  auto standIn = ProxyStandIn::start(cfg);
-  ASSERT_TRUE(standIn.ok()) << standIn.error().message;
-  auto server = TcpServer::start(node_, Endpoint::of(gatewayIp(), 0));
-  ASSERT_TRUE(server.ok()) << server.error().message;
-  const Endpoint dst = Endpoint::of(gatewayIp(), (*server)->port());
+  ProxiedPod proxied;
+  ASSERT_NO_FATAL_FAILURE(
+      startProxyAndServer(pods[0].capture == "socket" ? CaptureMode::Socket : CaptureMode::Tc, proxied));
+  auto& standIn = proxied.standIn;
+  const Endpoint dst = proxied.dst;
   Status echo = connectAndEcho(pod_, dst);
   ASSERT_TRUE(echo.ok()) << echo.error().message;
-  ASSERT_TRUE((*standIn)->waitForEvents(1, kIoTimeout));
+  ASSERT_TRUE(standIn->waitForEvents(1, kIoTimeout));
   const std::string conflist = readTextFile(conflistPath());
   ASSERT_TRUE(pathExists(binary()));
+  const std::vector<std::string> pinsBefore = pins();
+  ASSERT_FALSE(pinsBefore.empty());
 
-  if (how == "deleted" || how == "deleting") {
+  if (how == "deleted" || how == "deleting" || how == "unselected") {
     Status st = removeDaemonSet(how);
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
@@ -671,11 +712,13 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
   const std::string log = agent_->log();
 
-  // The pod is enrolled and captured whatever SIGTERM meant.
+  // The pod is enrolled and captured whatever SIGTERM meant: every pin
+  // stays (the pod needs the node's too).
+  EXPECT_EQ(pins(), pinsBefore) << "the pinned state changed";
   EXPECT_TRUE(pathExists(bpffs_.linkDir(podId_))) << "the running pod's pins";
   echo = connectAndEcho(pod_, dst);
   EXPECT_TRUE(echo.ok()) << echo.error().message;
-  EXPECT_TRUE((*standIn)->waitForEvents(2, kIoTimeout)) << "the running pod's connection did not reach its proxy";
+  EXPECT_TRUE(standIn->waitForEvents(2, kIoTimeout)) << "the running pod's connection did not reach its proxy";
 
   if (how == "present" || how == "unreachable") {
     EXPECT_NE(log.find(how == "present" ? "DaemonSet sluice-system/sluice-node is still there"
@@ -688,10 +731,11 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
     EXPECT_TRUE(pathExists(binary()));
     return;
   }
-  EXPECT_NE(log.find(how == "deleted" ? "DaemonSet sluice-system/sluice-node is gone (404): uninstalling"
-                                      : "is being deleted (deletionTimestamp 2026-12-07T06:00:00Z): uninstalling"),
-            std::string::npos)
-      << log;
+  const char* why = how == "deleted"    ? "DaemonSet sluice-system/sluice-node is gone (404): uninstalling"
+                    : how == "deleting" ? "is being deleted (deletionTimestamp 2026-12-07T06:00:00Z): uninstalling"
+                                        : "DaemonSet sluice-system/sluice-node no longer selects node node-a (nodeSelector "
+                                          "mesh-node-agent=sluice): uninstalling";
+  EXPECT_NE(log.find(why), std::string::npos) << log;
   EXPECT_NE(log.find("uninstall: 1 pod(s) stay enrolled"), std::string::npos) << log;
   const json now = json::parse(readTextFile(conflistPath()), nullptr, false);
   ASSERT_TRUE(now.is_object());
@@ -718,8 +762,25 @@ TEST_P(CniUninstallWhen, SigtermTellsAnUpdateFromAnUninstall) {
   EXPECT_TRUE(del2.ok) << del2.describe();
 }
 
-INSTANTIATE_TEST_SUITE_P(DaemonSet, CniUninstallWhen, ::testing::Values("present", "deleted", "deleting", "unreachable"),
+INSTANTIATE_TEST_SUITE_P(DaemonSet, CniUninstallWhen,
+                         ::testing::Values("present", "deleted", "deleting", "unselected", "unreachable"),
                          [](const auto& info) { return info.param; });
+
+// A --daemonset that names no DaemonSet while the agent runs is a wrong
+// name, not an uninstall to come: said at start, and SIGTERM changes nothing.
+TEST_F(CniUninstall, AMisnamedDaemonSetNeverUninstalls) {
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent("sluice-nodes"));
+  EXPECT_NE(agent_->log().find("DaemonSet sluice-system/sluice-nodes (--daemonset) does not exist while this agent "
+                               "runs: the name is wrong"),
+            std::string::npos)
+      << agent_->log();
+  const std::string conflist = readTextFile(conflistPath());
+  ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  EXPECT_NE(agent_->log().find("did not exist at start (a wrong --daemonset); not uninstalling"), std::string::npos)
+      << agent_->log();
+  EXPECT_EQ(readTextFile(conflistPath()), conflist);
+  EXPECT_TRUE(pathExists(binary()));
+}
 
 // An uninstall with no pod enrolled takes the node's pinned state too
 // (programs, maps, the socket mode's node hooks): nothing is left of sluice.

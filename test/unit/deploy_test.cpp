@@ -205,7 +205,8 @@ TEST_F(DeployManifest, RbacForTheKubernetesClient) {
   EXPECT_EQ(verbs["pods"], (S{"get", "list", "watch"}));
   EXPECT_EQ(verbs["namespaces"], (S{"get", "list", "watch"}));
   EXPECT_EQ(verbs["pods/status"], S{"patch"});
-  EXPECT_EQ(verbs.size(), 3u) << "nothing more than that";
+  EXPECT_EQ(verbs["nodes"], S{"get"}) << "SIGTERM: does the DaemonSet still select this node";
+  EXPECT_EQ(verbs.size(), 4u) << "nothing more than that";
   EXPECT_EQ(binding["roleRef"], json({{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"},
                                       {"name", role["metadata"]["name"]}}));
   EXPECT_EQ(binding["subjects"], json::array({{{"kind", "ServiceAccount"}, {"name", pod_["serviceAccountName"]},

@@ -69,6 +69,7 @@ Result<std::unique_ptr<Agent>> Agent::start(const AgentOptions& options) {
   SLUICE_TRY(a->startZds());
   // Before the API answers: an add must be decided from Kubernetes.
   if (a->kube_) SLUICE_TRY(a->kube_->start(a->kubeDataplane()));
+  a->checkDaemonSet();
   SLUICE_TRY(a->listenApi());
   SLUICE_TRY(a->listenMetrics());
   a->apiThread_ = std::thread([p = a.get()] { p->acceptLoop(p->apiFd_.get(), false); });
@@ -139,6 +140,7 @@ Agent::~Agent() { stop(); }
 void Agent::stop() {
   if (stopping_.exchange(true)) return;
   if (kube_) kube_->stop();  // no controller call into the datapath after this
+  untaintStop_.request_stop();
   cniWatcher_.reset();
   if (stopFd_.valid()) {
     uint64_t one = 1;

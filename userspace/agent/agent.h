@@ -9,6 +9,7 @@
 #include <list>
 #include <memory>
 #include <mutex>
+#include <stop_token>
 #include <string>
 #include <thread>
 
@@ -174,6 +175,10 @@ class Agent {
   enum class Departure { Stay, Uninstall };
   /// What SIGTERM means, asked of the API (one log line says which).
   Departure departure();
+  /// At start, the agent's own DaemonSet must exist: a 404 then means a
+  /// wrong --daemonset, and SIGTERM never uninstalls (an error line).
+  void checkDaemonSet();
+  bool daemonSetMisnamed_ = false;
   /// sluice-cni out of the chain, its binary, and the node-wide pinned
   /// state when no pod is enrolled.
   void uninstallNode();
@@ -187,6 +192,7 @@ class Agent {
   uint16_t metricsPort_ = 0;
   std::atomic<bool> stopping_{false};
   std::thread apiThread_, metricsThread_, reconcileThread_, istioThread_, untaintThread_;
+  std::stop_source untaintStop_;  ///< cancels the untaint loop's API request
   struct Conn {
     int fd = -1;
     bool metrics = false;  ///< served on the metrics listener

@@ -79,7 +79,7 @@ void Agent::untaintLoop() {
     std::vector<std::string> missing = readiness();
     std::string problem;
     if (missing.empty()) {
-      auto removed = kube_->removeNodeTaint(key);
+      auto removed = kube_->removeNodeTaint(key, untaintStop_.get_token());
       if (removed.ok()) {
         if (*removed)
           spdlog::info("node {}: removed its taint {} (the agent is ready)", node, key);
@@ -87,6 +87,7 @@ void Agent::untaintLoop() {
           spdlog::info("node {} has no taint {}; nothing to remove", node, key);
         return;
       }
+      if (stopping_) return;
       problem = "could not remove taint " + key + " from node " + node + ": " + removed.error().message;
       delay = std::min<std::chrono::milliseconds>(delay * 2, std::chrono::seconds(30));
     }
@@ -97,9 +98,30 @@ void Agent::untaintLoop() {
   }
 }
 
+void Agent::checkDaemonSet() {
+  if (options_.daemonSet.empty() || !kube_) return;
+  const std::string ds = options_.daemonSetNamespace + "/" + options_.daemonSet;
+  // Its pod runs, so the DaemonSet is there: a 404 now is a wrong name, which
+  // would turn every update into an uninstall. Not answered: asked again
+  // on SIGTERM as usual.
+  auto state = kube_->daemonSetState(options_.daemonSetNamespace, options_.daemonSet, std::chrono::seconds(2));
+  if (state.ok() && !state->present) {
+    daemonSetMisnamed_ = true;
+    spdlog::error("DaemonSet {} (--daemonset) does not exist while this agent runs: the name is wrong; this agent "
+                  "will not uninstall on SIGTERM",
+                  ds);
+  } else if (!state.ok()) {
+    spdlog::debug("DaemonSet {} not checked at start: {}", ds, state.error().message);
+  }
+}
+
 Agent::Departure Agent::departure() {
   if (options_.daemonSet.empty()) return Departure::Stay;
   const std::string ds = options_.daemonSetNamespace + "/" + options_.daemonSet;
+  if (daemonSetMisnamed_) {
+    spdlog::warn("stopping: DaemonSet {} did not exist at start (a wrong --daemonset); not uninstalling", ds);
+    return Departure::Stay;
+  }
   if (!kube_) {
     spdlog::info("stopping: no Kubernetes client to ask whether DaemonSet {} is being removed; not uninstalling", ds);
     return Departure::Stay;
@@ -111,10 +133,20 @@ Agent::Departure Agent::departure() {
     if (attempt) std::this_thread::sleep_for(std::chrono::seconds(1));
     auto state = kube_->daemonSetState(options_.daemonSetNamespace, options_.daemonSet, std::chrono::seconds(5));
     if (state.ok()) {
+      const std::string& node = options_.kube.nodeName;
+      if (state->present && state->deletionTimestamp.empty() &&
+          state->node.selection == kube::NodeSelection::NotSelected) {
+        spdlog::info("stopping: DaemonSet {} no longer selects node {} ({}): uninstalling sluice from this node", ds,
+                     node, state->node.why);
+        return Departure::Uninstall;
+      }
       if (state->present && state->deletionTimestamp.empty()) {
-        spdlog::info("stopping: DaemonSet {} is still there (an update or a restart): the CNI chain, sluice-cni and "
+        spdlog::info("stopping: DaemonSet {} is still there (an update or a restart){}: the CNI chain, sluice-cni and "
                      "the pinned state stay as they are",
-                     ds);
+                     ds,
+                     state->node.selection == kube::NodeSelection::Unknown
+                         ? "; whether it still selects node " + node + " was not judged (" + state->node.why + ")"
+                         : std::string());
         return Departure::Stay;
       }
       spdlog::info("stopping: DaemonSet {} {}: uninstalling sluice from this node", ds,

@@ -224,14 +224,14 @@ std::vector<kube::EnrolledPod> KubeWiring::listEnrolled() {
   return out;
 }
 
-Result<bool> KubeWiring::removeNodeTaint(const std::string& key) {
+Result<bool> KubeWiring::removeNodeTaint(const std::string& key, std::stop_token stop) {
   const std::string path = kube::nodePath(options_.nodeName);
   // Istio's untaint controller's patch (pilot/pkg/controllers/untaint/
   // nodeuntainter.go): test that the taints are still what was read, then
   // replace them without @p key; a node changed in between is read again.
   Error last = Error::msg("not tried", EIO);
   for (int attempt = 0; attempt < 5; attempt++) {
-    auto node = client_->get(path);
+    auto node = client_->get(path, stop);
     SLUICE_TRY(node);
     const nlohmann::json taints = node->contains("spec") && (*node)["spec"].value("taints", nlohmann::json()).is_array()
                                       ? (*node)["spec"]["taints"]
@@ -242,7 +242,7 @@ Result<bool> KubeWiring::removeNodeTaint(const std::string& key) {
     if (kept.size() == taints.size()) return false;
     nlohmann::json ops = nlohmann::json::array({{{"op", "test"}, {"path", "/spec/taints"}, {"value", taints}},
                                                 {{"op", "replace"}, {"path", "/spec/taints"}, {"value", kept}}});
-    auto patched = client_->jsonPatch(path, ops);
+    auto patched = client_->jsonPatch(path, ops, stop);
     if (patched.ok()) return true;
     // 422: the test failed (the taints changed since the GET); 409: a conflict.
     if (!kube::isHttpStatus(patched.error(), 422) && !kube::isHttpStatus(patched.error(), 409)) return patched.error();
@@ -261,13 +261,19 @@ Result<DaemonSetState> KubeWiring::daemonSetState(const std::string& ns, const s
   SLUICE_TRY(client);
   auto ds = (*client)->get(kube::daemonSetPath(ns, name));
   if (!ds.ok()) {
-    if (kube::isNotFound(ds.error())) return DaemonSetState{false, ""};
+    if (kube::isNotFound(ds.error())) return DaemonSetState{};
     return ds.error();
   }
   DaemonSetState s;
   s.present = true;
   if (ds->contains("metadata") && (*ds)["metadata"].value("deletionTimestamp", nlohmann::json()).is_string())
     s.deletionTimestamp = (*ds)["metadata"]["deletionTimestamp"].get<std::string>();
+  if (s.deletionTimestamp.empty()) {
+    auto node = (*client)->get(kube::nodePath(options_.nodeName));
+    s.node = node.ok() ? kube::daemonSetSelectsNode(*ds, *node)
+                       : kube::NodeSelectionAnswer{kube::NodeSelection::Unknown,
+                                                   "node " + options_.nodeName + " not read: " + node.error().message};
+  }
   return s;
 }
 

@@ -27,6 +27,7 @@
 #include "enroll/datapath.h"
 #include "userspace/agent/kube/client.h"
 #include "userspace/agent/kube/controller.h"
+#include "userspace/agent/kube/node_selection.h"
 #include "userspace/agent/kube/options.h"
 #include "userspace/api/protocol.h"
 
@@ -54,10 +55,13 @@ struct AgentDataplane {
 };
 
 /// What the API says of a DaemonSet: absent (404), or present and maybe
-/// being deleted (metadata.deletionTimestamp).
+/// being deleted (metadata.deletionTimestamp), and whether its pods still
+/// belong on this node (kube/node_selection.h; Unknown when the Node could
+/// not be read).
 struct DaemonSetState {
   bool present = false;
   std::string deletionTimestamp;  ///< "" when not being deleted
+  kube::NodeSelectionAnswer node;
 };
 
 /// The registry id of a running pod the controller enrolls ("k8s-" + uid);
@@ -107,7 +111,7 @@ class KubeWiring {
   /// Istio's untaint controller does: a JSON patch that tests the taints
   /// read and replaces them (read again when they changed meanwhile).
   /// True when one was removed, false when the node had none.
-  Result<bool> removeNodeTaint(const std::string& key);
+  Result<bool> removeNodeTaint(const std::string& key, std::stop_token stop = {});
   /// The DaemonSet NS/NAME as the API has it, asked within @p timeout; an
   /// error when the API did not answer (or answered other than 200/404).
   Result<DaemonSetState> daemonSetState(const std::string& ns, const std::string& name,
