@@ -115,6 +115,15 @@ AgentProcess::~AgentProcess() {
 
 Result<agent::Client> AgentProcess::client() const { return agent::Client::connect(socket_); }
 
+bool waitForKubeSync(const AgentProcess& agent, std::chrono::milliseconds timeout) {
+  return eventually([&] {
+    auto c = agent.client();
+    if (!c.ok()) return false;
+    auto h = c->health();
+    return h.ok() && h->kubeSynced;
+  }, timeout);
+}
+
 int AgentProcess::stop(int sig, std::chrono::milliseconds timeout) {
   if (pid_ <= 0) return -1;
   ::kill(pid_, sig);

@@ -48,6 +48,10 @@ class AgentProcess {
   bool ownsSocketName_ = false;
 };
 
+/// Waits up to @p timeout until @p agent answers health with its Kubernetes
+/// informers synced (listed and reconciled once).
+bool waitForKubeSync(const AgentProcess& agent, std::chrono::milliseconds timeout = std::chrono::seconds(15));
+
 /// A loopback TCP port that was free a moment ago (bind 0, read, close) for
 /// an agent's --metrics-address; 0 on failure.
 uint16_t freeLoopbackPort();

@@ -100,12 +100,7 @@ class KubeAgent : public ::testing::Test {
     auto a = AgentProcess::start(bpffs_.root(), agentArgs(), tmp_.file("agent.sock"));
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
-    ASSERT_TRUE(eventually([&] {
-      auto c = agent_->client();
-      if (!c.ok()) return false;
-      auto h = c->health();
-      return h.ok() && h->kubeSynced;
-    }, 15s)) << "the agent never synced with the API server";
+    ASSERT_TRUE(waitForKubeSync(*agent_)) << "the agent never synced with the API server";
   }
 
   NodeProxyStandIn& startProxy() {
@@ -190,11 +185,7 @@ class KubeAgent : public ::testing::Test {
 
   /// The pod's ambient.istio.io/redirection annotation in the API.
   std::optional<std::string> redirection(const RunningPod& pod) {
-    auto o = server_->object("pods", pod.ns, pod.name);
-    if (!o.ok() || !o->has_value()) return std::nullopt;
-    const json a = (**o)["metadata"].value("annotations", json::object());
-    if (!a.contains(kRedirection)) return std::nullopt;
-    return a[kRedirection].get<std::string>();
+    return server_->podAnnotation(pod.ns, pod.name, kRedirection);
   }
 
   /// sluice-cni run as a runtime runs it for @p pod: CNI_ARGS with its

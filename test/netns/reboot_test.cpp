@@ -122,12 +122,7 @@ class NodeReboot : public ::testing::Test {
         tmp_.file("agent.sock"));
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
-    ASSERT_TRUE(eventually([&] {
-      auto c = agent_->client();
-      if (!c.ok()) return false;
-      auto h = c->health();
-      return h.ok() && h->kubeSynced;
-    }, 15s)) << "the agent never synced with the API server";
+    ASSERT_TRUE(waitForKubeSync(*agent_)) << "the agent never synced with the API server";
   }
 
   void startProxy() {
@@ -239,11 +234,7 @@ class NodeReboot : public ::testing::Test {
   }
 
   std::optional<std::string> redirection(const Pod& pod) {
-    auto o = api_->object("pods", "shop", pod.name);
-    if (!o.ok() || !o->has_value()) return std::nullopt;
-    const json a = (**o)["metadata"].value("annotations", json::object());
-    if (!a.contains(kRedirection)) return std::nullopt;
-    return a[kRedirection].get<std::string>();
+    return api_->podAnnotation("shop", pod.name, kRedirection);
   }
 
   /// Connections of @p pod the node proxy relayed on @p listener.
