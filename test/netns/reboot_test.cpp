@@ -43,6 +43,7 @@
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/standin/node_proxy.h"
+#include "userspace/cni/cni.h"
 
 namespace sluice::test {
 namespace {
@@ -354,6 +355,10 @@ TEST_F(NodeReboot, EveryPodIsEnrolledAgainAndNothingStaleRemains) {
     ASSERT_TRUE(e) << p->name;
     EXPECT_EQ(e->netnsCookie, *p->sandbox.netns->cookie()) << p->name;
   }
+  // Each by the way it came back: the re-run ADD (the new container's id),
+  // or the controller finding its netns.
+  for (Pod* p : {&web, &api}) EXPECT_EQ(enrollment(*p)->id, cni::podIdForContainer(p->sandbox.containerId)) << p->name;
+  EXPECT_EQ(enrollment(late)->id, "k8s-" + late.uid);
   for (Pod* p : {&leaves, &gone, &optOut}) EXPECT_FALSE(enrollment(*p)) << p->name;
   EXPECT_EQ(redirection(optOut), std::nullopt);
   auto ps = api_->object("pods", "shop", "gone");
