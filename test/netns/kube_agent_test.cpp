@@ -387,6 +387,31 @@ TEST_F(KubeAgent, FailedHandOffKeepsTheRedirectionAsPending) {
   EXPECT_TRUE(eventually([&] { return relayed(proxy, a) == 1; }, 3s));
 }
 
+// A ztunnel that takes the pod and never acks (hung, or crash-looping mid
+// exchange): the agent drops it at the ZDS deadline and reports what
+// Istio's agent reports for a hand-off that failed after the redirection
+// was in place — the pod annotated "pending", retried — and a well-behaved
+// ztunnel then gets it and the annotation becomes "enabled".
+TEST_F(KubeAgent, ZtunnelThatNeverAcksLeavesThePodPendingUntilOneDoes) {
+  ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
+  startAgent();
+  FakeZtunnel hung(zdsPath());
+  auto snap = hung.handshake();
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  RunningPod& a = runningPod("shop", "web-a");
+  auto add = hung.request(scaledBound(10s));  // taken, never acked
+  ASSERT_TRUE(add.ok()) << add.error().message;
+  EXPECT_EQ(add->request.workload.uid, a.uid);
+  EXPECT_TRUE(hung.closedByServer(scaledBound(5s))) << "not dropped at the deadline (--ztunnel-timeout-ms 1000)";
+  ASSERT_TRUE(eventually([&] { return redirection(a) == "pending"; }, 10s));
+  auto info = enrollment(a);
+  ASSERT_TRUE(info);
+  EXPECT_EQ(info->handoff, HandoffState::Failed);
+  NodeProxyStandIn& proxy = startProxy();
+  ASSERT_TRUE(eventually([&] { return redirection(a) == "enabled"; }, 15s));
+  EXPECT_EQ(proxy.runningPods(), std::vector<std::string>{a.uid});
+}
+
 // The API server away for a while: nothing is removed on a guess, and what
 // changed meanwhile (a pod deleted, a pod created) is caught up when it is
 // back.
