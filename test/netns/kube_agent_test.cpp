@@ -188,6 +188,19 @@ class KubeAgent : public ::testing::Test {
     return server_->podAnnotation(pod.ns, pod.name, kRedirection);
   }
 
+  /// @p pod enrolled with its hand-off failed (annotated "pending"); then a
+  /// node proxy connects, gets it, and the annotation becomes "enabled".
+  /// That node proxy.
+  NodeProxyStandIn& pendingUntilAProxyConnects(const RunningPod& pod) {
+    EXPECT_TRUE(eventually([&] { return enrolled(pod) && redirection(pod) == "pending"; }, 15s));
+    auto info = enrollment(pod);
+    EXPECT_TRUE(info && info->handoff == HandoffState::Failed);
+    NodeProxyStandIn& proxy = startProxy();
+    EXPECT_TRUE(eventually([&] { return redirection(pod) == "enabled"; }, 15s));
+    EXPECT_EQ(proxy.runningPods(), std::vector<std::string>{pod.uid});
+    return proxy;
+  }
+
   /// sluice-cni run as a runtime runs it for @p pod: CNI_ARGS with its
   /// namespace, name and uid, a prevResult naming its eth0 and IP.
   CommandResult cni(const std::string& command, const RunningPod& pod, const std::string& containerId) {
@@ -375,13 +388,7 @@ TEST_F(KubeAgent, FailedHandOffKeepsTheRedirectionAsPending) {
   ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
   RunningPod& a = runningPod("shop", "web-a");
   startAgent();
-  ASSERT_TRUE(eventually([&] { return enrolled(a) && redirection(a) == "pending"; }, 15s));
-  auto info = enrollment(a);
-  ASSERT_TRUE(info);
-  EXPECT_EQ(info->handoff, HandoffState::Failed);
-  NodeProxyStandIn& proxy = startProxy();
-  ASSERT_TRUE(eventually([&] { return redirection(a) == "enabled"; }, 15s));
-  EXPECT_EQ(proxy.runningPods(), std::vector<std::string>{a.uid});
+  NodeProxyStandIn& proxy = pendingUntilAProxyConnects(a);
   EXPECT_EQ(enrollment(a)->handoff, HandoffState::Acked);
   ASSERT_TRUE(a.connectOut().ok());
   EXPECT_TRUE(eventually([&] { return relayed(proxy, a) == 1; }, 3s));
@@ -403,13 +410,7 @@ TEST_F(KubeAgent, ZtunnelThatNeverAcksLeavesThePodPendingUntilOneDoes) {
   ASSERT_TRUE(add.ok()) << add.error().message;
   EXPECT_EQ(add->request.workload.uid, a.uid);
   EXPECT_TRUE(hung.closedByServer(scaledBound(5s))) << "not dropped at the deadline (--ztunnel-timeout-ms 1000)";
-  ASSERT_TRUE(eventually([&] { return redirection(a) == "pending"; }, 10s));
-  auto info = enrollment(a);
-  ASSERT_TRUE(info);
-  EXPECT_EQ(info->handoff, HandoffState::Failed);
-  NodeProxyStandIn& proxy = startProxy();
-  ASSERT_TRUE(eventually([&] { return redirection(a) == "enabled"; }, 15s));
-  EXPECT_EQ(proxy.runningPods(), std::vector<std::string>{a.uid});
+  pendingUntilAProxyConnects(a);
 }
 
 // The API server away for a while: nothing is removed on a guess, and what
