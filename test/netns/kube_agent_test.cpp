@@ -230,13 +230,7 @@ class KubeAgent : public ::testing::Test {
   }
 
   /// Outbound connections of @p pod the node proxy relayed.
-  static size_t relayed(const NodeProxyStandIn& proxy, const RunningPod& pod) {
-    size_t n = 0;
-    for (const auto& e : proxy.events())
-      if (e.type == "connection" && e.uid == pod.uid && e.proxy.listener == "outbound" && e.proxy.detail == "upstream ok")
-        n++;
-    return n;
-  }
+  static size_t relayed(const NodeProxyStandIn& proxy, const RunningPod& pod) { return proxy.relayed(pod.uid); }
 
   TempDir tmp_{"kubeagent"};
   TestBpffs bpffs_;
