@@ -39,8 +39,9 @@ class AgentProcess {
   int stop(int sig, std::chrono::milliseconds timeout = std::chrono::seconds(10));
   /// What the agent logged so far.
   std::string log() const;
-  /// Waits until its health says the Kubernetes watch synced (kube_synced).
-  bool waitKubeSynced(std::chrono::milliseconds timeout) const;
+  /// Waits until its health says the Kubernetes informers synced (listed
+  /// and reconciled once: kube_synced).
+  bool waitKubeSynced(std::chrono::milliseconds timeout = std::chrono::seconds(15)) const;
 
  private:
   AgentProcess() = default;

@@ -202,6 +202,15 @@ Status TestApiServer::deletePod(const std::string& ns, const std::string& name) 
   return {};
 }
 
+std::optional<std::string> TestApiServer::podAnnotation(const std::string& ns, const std::string& name,
+                                                        const std::string& key) {
+  auto o = object("pods", ns, name);
+  if (!o.ok() || !o->has_value()) return std::nullopt;
+  const json a = (**o)["metadata"].value("annotations", json::object());
+  if (!a.contains(key)) return std::nullopt;
+  return a[key].get<std::string>();
+}
+
 Result<std::optional<json>> TestApiServer::object(const std::string& kind, const std::string& ns, const std::string& name) {
   std::string path = "/admin/objects/" + kind + "/" + (ns.empty() ? "" : ns + "/") + name;
   auto r = admin("GET", path);

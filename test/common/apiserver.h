@@ -82,6 +82,9 @@ class TestApiServer {
   Status createNodeAgentPod();
   /// The object as the server holds it now; nullopt when absent.
   Result<std::optional<nlohmann::json>> object(const std::string& kind, const std::string& ns, const std::string& name);
+  /// Annotation @p key of pod NS/NAME now; nullopt when the pod or the
+  /// annotation is absent (or the server cannot be asked).
+  std::optional<std::string> podAnnotation(const std::string& ns, const std::string& name, const std::string& key);
 
   // ---- faults and observations ----
   /// POST /admin/fault with @p body (see apiserver.py: fail, drop, stall,

@@ -35,14 +35,22 @@ std::pair<dev_t, ino_t> fileIdOf(const std::string& path) {
   return {st.st_dev, st.st_ino};
 }
 
-size_t openFdCount() {
+namespace {
+
+size_t entries(const char* dir) {
   size_t n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) {
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
     (void)e;
     ++n;
   }
   return n;
 }
+
+}  // namespace
+
+size_t openFdCount() { return entries("/proc/self/fd"); }
+
+size_t threadCount() { return entries("/proc/self/task"); }
 
 bool sendWithFds(int sock, const std::string& data, const std::vector<int>& fds) {
   iovec iov{const_cast<char*>(data.data()), data.size()};

@@ -31,6 +31,8 @@ std::pair<dev_t, ino_t> fileIdOf(const std::string& path);
 
 /// Number of open fds of this process (/proc/self/fd).
 size_t openFdCount();
+/// Number of threads of this process (/proc/self/task).
+size_t threadCount();
 
 /// Sends @p data as one datagram with @p fds in one SCM_RIGHTS message.
 bool sendWithFds(int sock, const std::string& data, const std::vector<int>& fds = {});

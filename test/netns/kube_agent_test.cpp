@@ -185,11 +185,20 @@ class KubeAgent : public ::testing::Test {
 
   /// The pod's ambient.istio.io/redirection annotation in the API.
   std::optional<std::string> redirection(const RunningPod& pod) {
-    auto o = server_->object("pods", pod.ns, pod.name);
-    if (!o.ok() || !o->has_value()) return std::nullopt;
-    const json a = (**o)["metadata"].value("annotations", json::object());
-    if (!a.contains(kRedirection)) return std::nullopt;
-    return a[kRedirection].get<std::string>();
+    return server_->podAnnotation(pod.ns, pod.name, kRedirection);
+  }
+
+  /// @p pod enrolled with its hand-off failed (annotated "pending"); then a
+  /// node proxy connects, gets it, and the annotation becomes "enabled".
+  /// That node proxy.
+  NodeProxyStandIn& pendingUntilAProxyConnects(const RunningPod& pod) {
+    EXPECT_TRUE(eventually([&] { return enrolled(pod) && redirection(pod) == "pending"; }, 15s));
+    auto info = enrollment(pod);
+    EXPECT_TRUE(info && info->handoff == HandoffState::Failed);
+    NodeProxyStandIn& proxy = startProxy();
+    EXPECT_TRUE(eventually([&] { return redirection(pod) == "enabled"; }, 15s));
+    EXPECT_EQ(proxy.runningPods(), std::vector<std::string>{pod.uid});
+    return proxy;
   }
 
   /// sluice-cni run as a runtime runs it for @p pod: CNI_ARGS with its
@@ -221,13 +230,7 @@ class KubeAgent : public ::testing::Test {
   }
 
   /// Outbound connections of @p pod the node proxy relayed.
-  static size_t relayed(const NodeProxyStandIn& proxy, const RunningPod& pod) {
-    size_t n = 0;
-    for (const auto& e : proxy.events())
-      if (e.type == "connection" && e.uid == pod.uid && e.proxy.listener == "outbound" && e.proxy.detail == "upstream ok")
-        n++;
-    return n;
-  }
+  static size_t relayed(const NodeProxyStandIn& proxy, const RunningPod& pod) { return proxy.relayed(pod.uid); }
 
   TempDir tmp_{"kubeagent"};
   TestBpffs bpffs_;
@@ -379,16 +382,29 @@ TEST_F(KubeAgent, FailedHandOffKeepsTheRedirectionAsPending) {
   ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
   RunningPod& a = runningPod("shop", "web-a");
   startAgent();
-  ASSERT_TRUE(eventually([&] { return enrolled(a) && redirection(a) == "pending"; }, 15s));
-  auto info = enrollment(a);
-  ASSERT_TRUE(info);
-  EXPECT_EQ(info->handoff, HandoffState::Failed);
-  NodeProxyStandIn& proxy = startProxy();
-  ASSERT_TRUE(eventually([&] { return redirection(a) == "enabled"; }, 15s));
-  EXPECT_EQ(proxy.runningPods(), std::vector<std::string>{a.uid});
+  NodeProxyStandIn& proxy = pendingUntilAProxyConnects(a);
   EXPECT_EQ(enrollment(a)->handoff, HandoffState::Acked);
   ASSERT_TRUE(a.connectOut().ok());
   EXPECT_TRUE(eventually([&] { return relayed(proxy, a) == 1; }, 3s));
+}
+
+// A ztunnel that takes the pod and never acks (hung, or crash-looping mid
+// exchange): the agent drops it at the ZDS deadline and reports what
+// Istio's agent reports for a hand-off that failed after the redirection
+// was in place — the pod annotated "pending", retried — and a well-behaved
+// ztunnel then gets it and the annotation becomes "enabled".
+TEST_F(KubeAgent, ZtunnelThatNeverAcksLeavesThePodPendingUntilOneDoes) {
+  ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
+  startAgent();
+  FakeZtunnel hung(zdsPath());
+  auto snap = hung.handshake();
+  ASSERT_TRUE(snap.ok()) << snap.error().message;
+  RunningPod& a = runningPod("shop", "web-a");
+  auto add = hung.request(scaledBound(10s));  // taken, never acked
+  ASSERT_TRUE(add.ok()) << add.error().message;
+  EXPECT_EQ(add->request.workload.uid, a.uid);
+  EXPECT_TRUE(hung.closedByServer(scaledBound(5s))) << "not dropped at the deadline (--ztunnel-timeout-ms 1000)";
+  pendingUntilAProxyConnects(a);
 }
 
 // The API server away for a while: nothing is removed on a guess, and what

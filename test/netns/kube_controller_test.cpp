@@ -192,11 +192,7 @@ class KubeController : public test::ApiServerTest {
   }
 
   std::optional<std::string> redirection(const std::string& ns, const std::string& name) {
-    auto o = server_->object("pods", ns, name);
-    if (!o.ok() || !o->has_value()) return std::nullopt;
-    const json a = (**o)["metadata"].value("annotations", json::object());
-    if (!a.contains("ambient.istio.io/redirection")) return std::nullopt;
-    return a["ambient.istio.io/redirection"].get<std::string>();
+    return server_->podAnnotation(ns, name, "ambient.istio.io/redirection");
   }
 
   int patchCount(const std::string& name) {
@@ -471,6 +467,31 @@ TEST_F(KubeController, PodsWithoutAnIpYetWaitForTheKubelet) {
   ASSERT_TRUE(server_->patchPod("shop", "starting",
                                 {{"status", {{"phase", "Running"}, {"podIP", "10.80.10.1"}, {"podIPs", {{{"ip", "10.80.10.1"}}}}}}}).ok());
   ASSERT_TRUE(eventually([&] { return dataplane_.enrolled(uid); }));
+}
+
+// After a node reboot the pod still says "enabled" from before while its
+// netns is not there yet (no process of it holds its IP): the annotation is
+// removed rather than left claiming a capture nobody set up (Istio's
+// #57285); it comes back once the pod is found and enrolled.
+TEST_F(KubeController, StaleEnabledOfAPodWhoseNetnsIsNotFoundIsRemoved) {
+  ASSERT_TRUE(server_->setNamespaceLabels("shop", kAmbient).ok());
+  std::string uid = test::randomPodUid();
+  TestPod tp;
+  tp.namespaceName = "shop";
+  tp.name = "rebooted";
+  tp.uid = uid;
+  tp.ips = {"10.80.11.1"};
+  tp.annotations = {{"ambient.istio.io/redirection", "enabled"}};
+  ASSERT_TRUE(server_->createPod(tp).ok());
+  startController(options());
+  ASSERT_TRUE(eventually([&] { return controller_->stats().netnsNotFound > 0; }));
+  EXPECT_TRUE(eventually([&] { return !redirection("shop", "rebooted"); }))
+      << "still annotated enabled while not enrolled";
+  EXPECT_FALSE(dataplane_.enrolled(uid));
+  auto proc = test::TestPodProcess::start(cgroups_, {.uid = uid, .ips = {"10.80.11.1"}});
+  ASSERT_TRUE(proc.ok());
+  ASSERT_TRUE(eventually([&] { return dataplane_.enrolled(uid); }, 15s));
+  EXPECT_TRUE(eventually([&] { return redirection("shop", "rebooted") == "enabled"; }));
 }
 
 TEST_F(KubeController, CniPathDecisions) {

@@ -43,6 +43,7 @@
 #include "test/common/tempdir.h"
 #include "test/common/topology.h"
 #include "test/standin/node_proxy.h"
+#include "userspace/cni/cni.h"
 
 namespace sluice::test {
 namespace {
@@ -122,12 +123,7 @@ class NodeReboot : public ::testing::Test {
         tmp_.file("agent.sock"));
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
-    ASSERT_TRUE(eventually([&] {
-      auto c = agent_->client();
-      if (!c.ok()) return false;
-      auto h = c->health();
-      return h.ok() && h->kubeSynced;
-    }, 15s)) << "the agent never synced with the API server";
+    ASSERT_TRUE(agent_->waitKubeSynced()) << "the agent never synced with the API server";
   }
 
   void startProxy() {
@@ -239,20 +235,11 @@ class NodeReboot : public ::testing::Test {
   }
 
   std::optional<std::string> redirection(const Pod& pod) {
-    auto o = api_->object("pods", "shop", pod.name);
-    if (!o.ok() || !o->has_value()) return std::nullopt;
-    const json a = (**o)["metadata"].value("annotations", json::object());
-    if (!a.contains(kRedirection)) return std::nullopt;
-    return a[kRedirection].get<std::string>();
+    return api_->podAnnotation("shop", pod.name, kRedirection);
   }
 
   /// Connections of @p pod the node proxy relayed on @p listener.
-  size_t relayed(const Pod& pod, const std::string& listener) const {
-    size_t n = 0;
-    for (const auto& e : proxy_->events())
-      if (e.type == "connection" && e.uid == pod.uid && e.proxy.listener == listener && e.proxy.detail == "upstream ok") n++;
-    return n;
-  }
+  size_t relayed(const Pod& pod, const std::string& listener) const { return proxy_->relayed(pod.uid, listener); }
 
   /// One connection out of the pod (to a server on the node) and one into
   /// it (from the node to its app): both must pass the node proxy.
@@ -363,6 +350,10 @@ TEST_F(NodeReboot, EveryPodIsEnrolledAgainAndNothingStaleRemains) {
     ASSERT_TRUE(e) << p->name;
     EXPECT_EQ(e->netnsCookie, *p->sandbox.netns->cookie()) << p->name;
   }
+  // Each by the way it came back: the re-run ADD (the new container's id),
+  // or the controller finding its netns.
+  for (Pod* p : {&web, &api}) EXPECT_EQ(enrollment(*p)->id, cni::podIdForContainer(p->sandbox.containerId)) << p->name;
+  EXPECT_EQ(enrollment(late)->id, "k8s-" + late.uid);
   for (Pod* p : {&leaves, &gone, &optOut}) EXPECT_FALSE(enrollment(*p)) << p->name;
   EXPECT_EQ(redirection(optOut), std::nullopt);
   auto ps = api_->object("pods", "shop", "gone");

@@ -295,6 +295,13 @@ void NodeProxyStandIn::clearEvents() {
   state_->events.clear();
 }
 
+size_t NodeProxyStandIn::relayed(const std::string& uid, const std::string& listener) const {
+  size_t n = 0;
+  for (const auto& e : events())
+    if (e.type == "connection" && e.uid == uid && e.proxy.listener == listener && e.proxy.detail == "upstream ok") n++;
+  return n;
+}
+
 std::vector<std::string> NodeProxyStandIn::runningPods() const {
   std::lock_guard lock(state_->mu);
   std::vector<std::string> out;

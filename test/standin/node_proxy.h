@@ -92,6 +92,9 @@ class NodeProxyStandIn {
 
   /// Uids whose proxy runs, sorted.
   std::vector<std::string> runningPods() const;
+  /// Connections of pod @p uid its proxy relayed (the upstream connected)
+  /// on @p listener ("outbound", "inbound").
+  size_t relayed(const std::string& uid, const std::string& listener = "outbound") const;
   /// Uids whose proxy failed to start and is retried, sorted.
   std::vector<std::string> pendingPods() const;
   /// Whether a ZDS connection is up.

@@ -45,6 +45,7 @@ using test::TempDir;
 using NetnsId = std::pair<dev_t, ino_t>;
 using test::eventually;
 using test::FakeZtunnel;
+using test::threadCount;
 
 NetnsId idOf(int fd) { return test::fileIdOf(fd); }
 
@@ -727,16 +728,6 @@ TEST_F(ZdsServer, UnsolicitedMessageOnAnIdleConnectionDropsIt) {
 }
 
 // ---- Limits (Istio's ztunnelserver.go) --------------------------------------------
-
-/// Threads of this process (/proc/self/task).
-size_t threadCount() {
-  size_t n = 0;
-  for (const auto& e : std::filesystem::directory_iterator("/proc/self/task")) {
-    (void)e;
-    ++n;
-  }
-  return n;
-}
 
 /// The value of the metric line starting with @p series ("name{labels}").
 uint64_t metricValue(const std::string& text, const std::string& series) {
