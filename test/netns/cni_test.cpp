@@ -626,13 +626,13 @@ class CniUninstall : public Cni {
     Cni::TearDown();
   }
 
-  void startKubeAgent(const std::string& daemonSet = "sluice-node") {
-    auto a = AgentProcess::start(
-        bpffs_.root(),
-        {"--kube-api", api_->url(), "--kube-token-file", api_->tokenFile(), "--kube-ca-file", api_->caFile(),
-         "--node-name", "node-a", "--cni-conf-dir", work_.file("net.d"), "--cni-agent-socket", socket(), "--daemonset",
-         daemonSet, "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")},
-        socket());
+  void startKubeAgent(const std::string& daemonSet = "sluice-node", const std::vector<std::string>& more = {}) {
+    std::vector<std::string> args = {
+        "--kube-api", api_->url(), "--kube-token-file", api_->tokenFile(), "--kube-ca-file", api_->caFile(),
+        "--node-name", "node-a", "--cni-conf-dir", work_.file("net.d"), "--cni-agent-socket", socket(), "--daemonset",
+        daemonSet, "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")};
+    args.insert(args.end(), more.begin(), more.end());
+    auto a = AgentProcess::start(bpffs_.root(), args, socket());
     ASSERT_TRUE(a.ok()) << a.error().message;
     agent_ = std::move(*a);
   }
@@ -805,6 +805,32 @@ TEST_F(CniUninstall, UninstallWithNoPodEnrolledRemovesThePinnedState) {
   const json now = json::parse(readTextFile(conflistPath()), nullptr, false);
   ASSERT_TRUE(now.is_object());
   EXPECT_EQ(now["plugins"].size(), 1u) << now;
+}
+
+// The agent's uninstall knows the layout it was given: an owned conflist
+// by another name (--cni-owned-conflist-name) is deleted whole, the
+// primary's file is left byte for byte, and the runtime's pick is the
+// primary's again.
+TEST_F(CniUninstall, UninstallDeletesTheOwnedConflistByItsGivenName) {
+  // The primary's file as the primary CNI wrote it (without sluice-cni),
+  // then the init step's install into sluice's own conflist.
+  json primary = list_;
+  primary["plugins"].erase(1);
+  ASSERT_TRUE(writeTextFile(conflistPath(), primary.dump(2)));
+  auto inst = runCommand({builtBinary("sluice-cni"), "install", "--cni-conf-dir", work_.file("net.d"), "--cni-bin-dir",
+                          work_.file("bin"), "--agent-socket", socket(), "--cni-owned-conflist-name", "01-own.conflist"});
+  ASSERT_EQ(inst.exitCode, 0) << inst.describe();
+  const std::string owned = work_.file("net.d") + "/01-own.conflist";
+  ASSERT_TRUE(pathExists(owned));
+  const std::string primaryBytes = readTextFile(conflistPath());
+  ASSERT_NO_FATAL_FAILURE(startKubeAgent("sluice-node", {"--cni-owned-conflist-name", "01-own.conflist"}));
+  Status st = removeDaemonSet("deleted");
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
+  EXPECT_NE(agent_->log().find("uninstall: removed " + owned), std::string::npos) << agent_->log();
+  EXPECT_FALSE(pathExists(owned)) << readTextFile(owned);
+  EXPECT_EQ(readTextFile(conflistPath()), primaryBytes) << "the primary's file changed";
+  EXPECT_FALSE(pathExists(binary()));
 }
 
 // The runtime deletes the netns before (or instead of) a clean DEL: DEL

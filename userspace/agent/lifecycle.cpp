@@ -168,6 +168,7 @@ void Agent::uninstallNode() {
   cni::InstallOptions io;
   io.confDir = options_.cniConfDir;
   io.binDir = options_.cniBinDir;
+  io.mode = options_.cniMode;  // its owned conflist (by the name it was given) is deleted, not stripped
   auto done = cni::uninstall(io);
   if (done.ok())
     for (const auto& a : *done) spdlog::info("uninstall: {}", a);
