@@ -228,11 +228,15 @@ TEST_F(ZdsClient, ProtocolErrorsAreAnsweredThenTheConnectionIsDropped) {
 TEST_F(ZdsClient, ReconnectsWhenTheAgentGoesAway) {
   startClient();
   {
+    // The listener goes before the connection (conn outlives first): the
+    // client, reconnecting at once, must not reach a listener about to close,
+    // which would reset that connection and count it.
+    Result<Fd> conn = Error::msg("not accepted", EIO);
     FakeAgent first(path());
     ASSERT_TRUE(first.ok());
-    auto conn = first.accept();
+    conn = first.accept();
     ASSERT_TRUE(conn.ok());
-  }  // connection and listener gone
+  }  // listener, then connection, gone
   EXPECT_TRUE(eventually([&] { return !client_->connected(); }));
   FakeAgent second(path());
   ASSERT_TRUE(second.ok());
