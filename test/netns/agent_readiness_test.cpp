@@ -134,7 +134,7 @@ TEST_F(AgentReadiness, EachMissingPieceIsNamedUntilReady) {
   EXPECT_EQ(code, 503) << body;
   EXPECT_EQ(body.rfind("not ready:\n", 0), 0u) << body;
   EXPECT_TRUE(missingExactly({"kubernetes", "cni", "zds"})) << body;
-  EXPECT_NE(body.find("no CNI config in " + confDir()), std::string::npos) << body;
+  EXPECT_NE(body.find("no CNI network configuration in " + confDir()), std::string::npos) << body;
   EXPECT_NE(httpGetLoopback(port_, "/healthz").find("200 OK"), std::string::npos) << "alive, only not ready";
 
   // The same list in health and in sluicectl status (text and JSON).
@@ -184,6 +184,35 @@ TEST_F(AgentReadiness, EachMissingPieceIsNamedUntilReady) {
   auto conf = json::parse(readTextFile(confDir() + "/10-podnet.conflist"));
   ASSERT_EQ(conf["plugins"].size(), 2u) << conf;
   EXPECT_EQ(conf["plugins"][1]["type"], "sluice-cni");
+}
+
+// The chain is judged in the layout the agent was given. Unchained (Multus,
+// OpenShift): the runtime's first config is Multus's own, without
+// sluice-cni, and the agent is ready once its standalone config is there.
+// An owned conflist that another file sorts before: the runtime would use
+// that file, so not ready, saying which.
+TEST_F(AgentReadiness, TheChainIsJudgedInTheLayoutGiven) {
+  json multus = {{"cniVersion", "1.0.0"}, {"name", "multus-cni-network"}, {"type", "multus"}};
+  writeTextFile(confDir() + "/00-multus.conf", multus.dump(2));
+  ASSERT_NO_FATAL_FAILURE(startAgent({"--kube", "off", "--cni-conf-dir", confDir(), "--cni-unchained"}));
+  EXPECT_TRUE(eventually([&] { return readyz().first == 200; }, 10s)) << readyz().second;
+  auto conf = json::parse(readTextFile(confDir() + "/sluice-cni.conf"), nullptr, false);
+  EXPECT_EQ(conf.value("type", ""), "sluice-cni") << conf;
+  EXPECT_EQ(json::parse(readTextFile(confDir() + "/00-multus.conf")), multus) << "Multus's own config was changed";
+  agent_.reset();
+
+  ASSERT_EQ(::unlink((confDir() + "/00-multus.conf").c_str()), 0);
+  ASSERT_EQ(::unlink((confDir() + "/sluice-cni.conf").c_str()), 0);
+  writePrimaryConflist(confDir());
+  writeTextFile(confDir() + "/01-early.conflist", readTextFile(confDir() + "/10-podnet.conflist"));
+  ASSERT_NO_FATAL_FAILURE(startAgent({"--kube", "off", "--cni-conf-dir", confDir(), "--cni-owned-conflist"}));
+  EXPECT_TRUE(eventually([&] { return missingExactly({"cni"}); }, 10s)) << readyz().second;
+  EXPECT_NE(readyz().second.find("01-early.conflist sorts before the owned conflist 02-sluice-cni.conflist"),
+            std::string::npos)
+      << readyz().second;
+  // The early file goes: the owned conflist sorts first and holds sluice-cni.
+  ASSERT_EQ(::unlink((confDir() + "/01-early.conflist").c_str()), 0);
+  EXPECT_TRUE(eventually([&] { return readyz().first == 200; }, 10s)) << readyz().second;
 }
 
 // A bpffs private to the agent's mount namespace (only with

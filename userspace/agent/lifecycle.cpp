@@ -8,36 +8,33 @@
 #include <unistd.h>
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "loader/bpffs.h"
 #include "loader/sock_hooks.h"
 #include "userspace/agent/agent.h"
 #include "userspace/agent/io.h"
 #include "userspace/cni/install.h"
+#include "userspace/cni/plugin.h"
 
 namespace sluice::agent {
 
 namespace {
 
-// "" when the config the runtime uses (the lexically first of the dir)
-// names sluice-cni among its plugins; otherwise what is missing.
-std::string chainProblem(const std::string& confDir) {
-  auto files = cni::configFiles(confDir);
-  if (!files.ok()) return "cannot read the CNI config dir: " + files.error().message;
-  if (files->empty()) return "no CNI config in " + confDir + " yet (the primary CNI has not written its own)";
-  const std::string path = (std::filesystem::path(confDir) / files->front()).string();
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  auto j = nlohmann::json::parse(text.str(), nullptr, false);
-  if (j.is_discarded() || !j.is_object()) return path + " (the config the runtime uses) is not a JSON object";
-  const nlohmann::json single = nlohmann::json::array({j});
-  const nlohmann::json& plugins = j.contains("plugins") && j["plugins"].is_array() ? j["plugins"] : single;
+// "" when the file where sluice-cni belongs in the layout @p mode names
+// holds it: the runtime's pick (the lexically first config, or the owned
+// conflist, which must sort first), the --cni-conf-name file, or the
+// standalone config Multus runs (--cni-unchained); otherwise what is wrong.
+std::string chainProblem(const std::string& confDir, const cni::ConfMode& mode, const std::string& agentSocket) {
+  auto plan = cni::planChain(confDir, agentSocket, mode);
+  if (!plan.ok()) return plan.error().message;
+  if (!plan->current) return plan->path + " (where sluice-cni belongs) is not there yet, or not JSON";
+  const nlohmann::ordered_json& j = *plan->current;
+  const nlohmann::ordered_json single = nlohmann::ordered_json::array({j});
+  const nlohmann::ordered_json& plugins = j.contains("plugins") && j["plugins"].is_array() ? j["plugins"] : single;
   for (const auto& p : plugins)
-    if (p.is_object() && p.value("type", "") == "sluice-cni") return "";
-  return "sluice-cni is not in the plugin chain of " + path + " (the config the runtime uses)";
+    if (p.is_object() && p.value("type", "") == cni::kPluginType) return "";
+  return "sluice-cni is not in the plugin chain of " + plan->path +
+         (mode.chained ? " (the config the runtime uses)" : " (the standalone config Multus runs)");
 }
 
 }  // namespace
@@ -53,7 +50,10 @@ std::vector<std::string> Agent::readiness() const {
                       kube_->apiDescription());
   const bool handingBack = options_.istioSwitch == IstioSwitchMode::HandBack;
   if (!options_.cniConfDir.empty() && !handingBack)
-    if (std::string why = chainProblem(options_.cniConfDir); !why.empty()) missing.push_back("cni: " + why);
+    if (std::string why = chainProblem(options_.cniConfDir, options_.cniMode,
+                                       options_.cniAgentSocket.empty() ? options_.socketPath : options_.cniAgentSocket);
+        !why.empty())
+      missing.push_back("cni: " + why);
   if (!options_.ztunnelSocket.empty() && !handingBack) {
     if (!zds_)
       missing.push_back("zds: " + options_.ztunnelSocket + " is not served");
