@@ -616,7 +616,7 @@ int main(int argc, char** argv) {
     settle("enroll");
     if (c.cliPods > 0 && c.hasCase(CaseKind::SluiceTcx) && !gStop) {
       std::cerr << "sluicectl: " << c.cliPods << " pods\n";
-      res.cli = runCliBench(c.cliPods);
+      res.cli = runCliBench(c.cliPods, rp);
       settle("sluicectl");
     }
     std::vector<std::string> modes;
