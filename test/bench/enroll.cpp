@@ -729,7 +729,8 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     if (r.exitCode != 0) res.fail(r.describe("sluicectl pod add"));
     res.cliAddMs = r.seconds * 1000;
     res.cliAddRssKb = r.maxRssKb;
-    r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list"});
+    // `pod list` checks every pod (its node side too): minutes at 1000 pods.
+    r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list"}, {}, 900s);
     if (r.exitCode != 0) res.fail(r.describe("sluicectl pod list"));
     res.cliListMs = r.seconds * 1000;
     res.cliListRssKb = r.maxRssKb;

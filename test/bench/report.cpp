@@ -148,6 +148,11 @@ std::vector<double> istioWithoutRouteScript(const PathTimes& p) {
 double sluiceNodePart(const PathTimes& whole, const PathTimes& inPod, double pct) {
   return percentile(whole.addMs, pct) - percentile(inPod.addMs, pct);
 }
+/// The same as text: below zero, the node part is within the two paths' noise.
+std::string nodePartText(const PathTimes& whole, const PathTimes& inPod, double pct) {
+  double v = sluiceNodePart(whole, inPod, pct);
+  return v < 0 ? "~0 (" + fmtNum(v) + ", within the noise)" : fmtNum(v);
+}
 
 }  // namespace
 
@@ -267,7 +272,7 @@ void issue31Targets(Results& r, const AddTarget& add) {
       std::string parts;
       if (const PathTimes* part = path(r, s, false); part && !part->addMs.empty())
         parts = "; in-pod part p99 " + fmtNum(percentile(part->addMs, 99)) + " ms, node part p99 " +
-                fmtNum(sluiceNodePart(*p, *part, 99)) + " ms";
+                nodePartText(*p, *part, 99) + " ms";
       add(sn + " pod enroll p99 (in process, node side included)", "≤ 1 ms", d.p99,
           fmtNum(d.p99) + " ms (p50 " + fmtNum(d.p50) + ")" + parts, d.p99 <= 1.0);
       if (ipt && !ipt->addMs.empty()) {
@@ -588,8 +593,8 @@ void printReport(const Results& r, std::ostream& out) {
       }
       if (isSluice(p.kind) && p.nodeSide)
         if (const PathTimes* part = path(r, p.kind, false); part && !part->addMs.empty() && !p.addMs.empty())
-          out << "      node part (whole less in-pod part): p50 " << fmtNum(sluiceNodePart(p, *part, 50)) << " p99 "
-              << fmtNum(sluiceNodePart(p, *part, 99)) << "\n";
+          out << "      node part (whole less in-pod part): p50 " << nodePartText(p, *part, 50) << " p99 "
+              << nodePartText(p, *part, 99) << "\n";
       if (p.failures) out << "    ! " << p.failures << " failure(s), first: " << p.firstError << "\n";
     }
     if (r.cli) {
@@ -637,8 +642,7 @@ void printReport(const Results& r, std::ostream& out) {
       Dist pi = dist(ipt->inPodMs), ps = dist(part->addMs), ni = dist(ipt->nodeMs);
       out << "    in-pod parts: " << ratioText(pi.p50 / ps.p50) << " (p50) " << ratioText(pi.p99 / ps.p99)
           << " (p99); node parts: Istio " << fmtNum(ni.p50) << " / " << fmtNum(ni.p99) << " ms, sluice "
-          << fmtNum(sluiceNodePart(*p, *part, 50)) << " / " << fmtNum(sluiceNodePart(*p, *part, 99))
-          << " ms (p50 / p99)\n";
+          << nodePartText(*p, *part, 50) << " / " << nodePartText(*p, *part, 99) << " ms (p50 / p99)\n";
     }
     out << "\n";
   }
