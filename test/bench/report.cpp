@@ -861,10 +861,10 @@ std::string toJson(const Results& r) {
                       {"node_netns", true},              {"checks", r.cli->checks}};
     if (!r.cli->istioAddMs.empty()) {
       Dist i = dist(r.cli->istioAddMs), ir = dist(r.cli->istioRemoveMs);
-      j["sluicectl"]["istio_processes"] = {{"add_ms_p50", num(i.p50)},      {"add_ms_p99", num(i.p99)},
-                              {"remove_ms_p50", num(ir.p50)},  {"remove_ms_p99", num(ir.p99)},
-                              {"add_ms", r.cli->istioAddMs},   {"remove_ms", r.cli->istioRemoveMs},
-                              {"in_pod_ms", r.cli->istioInPodMs}, {"ipset_add_ms", r.cli->istioNodeMs}};
+      j["sluicectl"]["istio_processes"] = {
+          {"add_ms_p50", num(i.p50)},        {"add_ms_p99", num(i.p99)},          {"remove_ms_p50", num(ir.p50)},
+          {"remove_ms_p99", num(ir.p99)},    {"add_ms", r.cli->istioAddMs},       {"remove_ms", r.cli->istioRemoveMs},
+          {"in_pod_ms", r.cli->istioInPodMs}, {"ipset_add_ms", r.cli->istioNodeMs}};
     }
   }
   json scales = json::array();
