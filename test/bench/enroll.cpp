@@ -75,6 +75,20 @@ std::string stubCounts(Datapath& dp) {
          " at enrollment (pool of " + std::to_string(kSkLookupStubsAhead) + ")";
 }
 
+// Pods of @p list whose node side was set up (their host-side veth found in
+// the node netns): what `pod list` shows whatever the node side attaches.
+size_t withHostVeth(const std::vector<PodInfo>& list) {
+  return static_cast<size_t>(
+      std::count_if(list.begin(), list.end(), [](const PodInfo& pi) { return !pi.hostIface.empty(); }));
+}
+
+std::string hostVethCheck(size_t with, size_t of) {
+  return std::to_string(with) + " of " + std::to_string(of) + " with the node side (host-side veth found)";
+}
+
+// Istio's pods carry their uid as the ipset element's comment.
+std::string istioUid(int i) { return "bench-uid-" + std::to_string(i); }
+
 }  // namespace
 
 // ---- PodFarm ---------------------------------------------------------------------
@@ -161,13 +175,21 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
     std::unique_ptr<PodFarm> farm;
     std::unique_ptr<sluice::test::TestBpffs> bpffs;
     std::unique_ptr<Datapath> dp;
+    Fd nodeNs;  ///< Istio: the farm's node netns, where its probe ipset lives
     std::vector<bool> added;
   };
-  std::vector<std::unique_ptr<PathState>> paths;
+  auto flavor = [](CaseKind k) { return k == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy; };
+  // sluice twice per kind: the whole (node side) and its in-pod part alone.
+  std::vector<std::pair<CaseKind, bool>> plan;
   for (CaseKind k : kinds) {
-    if (!isSluice(k) && !isIptables(k)) continue;
+    if (isIptables(k)) plan.emplace_back(k, true);
+    if (isSluice(k)) plan.insert(plan.end(), {{k, true}, {k, false}});
+  }
+  std::vector<std::unique_ptr<PathState>> paths;
+  for (auto [k, nodeSide] : plan) {
     auto p = std::make_unique<PathState>();
     p->times.kind = k;
+    p->times.nodeSide = nodeSide;
     p->added.assign(static_cast<size_t>(pods), false);
     auto farm = PodFarm::create(pods);
     if (!farm.ok()) {
@@ -176,6 +198,19 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       continue;
     }
     p->farm = std::move(*farm);
+    if (isIptables(k) && rules) {
+      // Istio's agent creates its sets and SNAT rule once per node.
+      Status st = [&]() -> Status {
+        auto ns = openNetns(p->farm->nodePath());
+        SLUICE_TRY(ns);
+        p->nodeNs = std::move(*ns);
+        return installIstioNode(p->nodeNs.get(), flavor(k), *rules);
+      }();
+      if (!st.ok()) {
+        p->times.fail("Istio's node side: " + st.error().message);
+        p->farm.reset();
+      }
+    }
     if (isSluice(k)) {
       p->bpffs = std::make_unique<sluice::test::TestBpffs>();
       DatapathOptions o;
@@ -199,8 +234,6 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
     paths.push_back(std::move(p));
   }
 
-  auto flavor = [](CaseKind k) { return k == CaseKind::Iptables ? IptFlavor::Nft : IptFlavor::Legacy; };
-
   // Enroll: pod 0 of every path, pod 1 of every path, ...
   for (int i = 0; i < pods && !gStop; i++) {
     for (auto& p : paths) {
@@ -214,6 +247,7 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
         PodSpec spec;
         spec.netnsPath = p->farm->path(i);
         spec.id = p->farm->name(i);
+        if (t.nodeSide) spec.nodeNetnsPath = p->farm->nodePath();
         Result<PodInfo> info = Error::msg("not run");
         double ms = timeMs([&] { info = p->dp->addPod(spec); });
         if (!info.ok()) {
@@ -232,7 +266,16 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
           t.fail(r.error().message);
           continue;
         }
-        t.addMs.push_back(r->total() * 1000);
+        // The node part: the pod's address in the probe set, as the agent adds it.
+        auto node = istioIpsetNetlink(p->nodeNs.get(), true, PodFarm::address(i), istioUid(i));
+        if (!node.ok()) {
+          t.fail(node.error().message);
+          (void)removeIstioRules(ns->get(), flavor(t.kind), *rules);
+          continue;
+        }
+        t.addMs.push_back((r->total() + *node) * 1000);
+        t.inPodMs.push_back(r->total() * 1000);
+        t.nodeMs.push_back(*node * 1000);
         t.v4Ms.push_back(r->v4 * 1000);
         t.v6Ms.push_back(r->v6 * 1000);
         t.routeMs.push_back(r->route * 1000);
@@ -280,7 +323,15 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
       t.checks.push_back(std::string("pod 0: ") + (saved.ok() ? (ok ? "ISTIO_* chains, REDIRECT to 15001 and the fwmark rule present"
                                                                       : "rules or policy route missing")
                                                                : saved.error().message));
-      t.verified = ok;
+      bool inSet = istioIpsetHas(p->nodeNs.get(), PodFarm::address(0));
+      t.checks.push_back(std::string("pod 0's address ") + (inSet ? "in " : "NOT in ") + kIstioProbeSetV4 + " on the node");
+      t.verified = ok && inSet;
+    }
+    if (isSluice(t.kind)) {
+      // The node side where asked for, none where not.
+      size_t host = withHostVeth(p->dp->listPods());
+      t.checks.push_back(hostVethCheck(host, t.addMs.size()));
+      t.verified = t.verified && host == (t.nodeSide ? t.addMs.size() : 0);
     }
   }
 
@@ -309,7 +360,12 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
           t.fail(r.error().message);
           continue;
         }
-        t.removeMs.push_back(r->total() * 1000);
+        auto node = istioIpsetNetlink(p->nodeNs.get(), false, PodFarm::address(i), "");
+        if (!node.ok()) {
+          t.fail(node.error().message);
+          continue;
+        }
+        t.removeMs.push_back((r->total() + *node) * 1000);
       }
       p->added[static_cast<size_t>(i)] = false;
     }
@@ -324,8 +380,10 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
     } else {
       auto ns = openNetns(p->farm->path(0));
       auto saved = ns.ok() ? iptablesSave(ns->get(), flavor(t.kind)) : Result<std::string>(ns.error());
-      bool gone = saved.ok() && saved->find("ISTIO_") == std::string::npos && saved->find("lookup 100") == std::string::npos;
-      t.checks.push_back(std::string("after removal, pod 0: ") + (gone ? "no ISTIO_* chain, no fwmark rule" : "leftovers"));
+      bool gone = saved.ok() && saved->find("ISTIO_") == std::string::npos && saved->find("lookup 100") == std::string::npos &&
+                  !istioIpsetHas(p->nodeNs.get(), PodFarm::address(0));
+      t.checks.push_back(std::string("after removal, pod 0: ") +
+                         (gone ? "no ISTIO_* chain, no fwmark rule, not in the probe set" : "leftovers"));
       t.verified = t.verified && gone;
     }
   }
@@ -341,41 +399,115 @@ EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const 
 
 // ---- sluicectl -------------------------------------------------------------------
 
-CliResult runCliBench(int pods) {
+CliResult runCliBench(int pods, const IstioRules* rules) {
   CliResult res;
   auto farm = PodFarm::create(pods);
   if (!farm.ok()) {
     res.fail(farm.error().message);
     return res;
   }
+  // Istio's pods, and its node side set up once (as its agent does).
+  std::unique_ptr<PodFarm> istio;
+  Fd istioNode;
+  if (rules) {
+    Status st = [&]() -> Status {
+      auto f = PodFarm::create(pods);
+      SLUICE_TRY(f);
+      istio = std::move(*f);
+      auto ns = openNetns(istio->nodePath());
+      SLUICE_TRY(ns);
+      istioNode = std::move(*ns);
+      return installIstioNode(istioNode.get(), IptFlavor::Nft, *rules);
+    }();
+    if (!st.ok()) {
+      res.fail("Istio's processes: " + st.error().message);
+      istio.reset();
+    }
+  }
   sluice::test::TestBpffs bpffs;
-  std::vector<bool> added(static_cast<size_t>(pods), false);
+  std::vector<bool> added(static_cast<size_t>(pods), false), istioAdded(static_cast<size_t>(pods), false);
   for (int i = 0; i < pods && !gStop; i++) {
+    if (Status before = (*farm)->cniChainBefore(i); !before.ok()) {
+      res.fail(before.error().message);
+      continue;
+    }
+    // The node side as in a cluster: the host-side veth lives in the node netns.
     std::vector<std::string> argv = {sluicectl(), "--bpffs", bpffs.root()};
     if (!socketHookCgroup().empty()) argv.insert(argv.end(), {"--cgroup", socketHookCgroup()});
-    argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(i)});
+    argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(i), "--node-netns", (*farm)->nodePath()});
     auto r = spawnWait(argv);
     if (r.exitCode != 0) {
       res.fail(r.describe("sluicectl pod add"));
+    } else {
+      added[static_cast<size_t>(i)] = true;
+      // The first loads and pins the programs (a fresh root); the rest reuse them.
+      if (i == 0)
+        res.firstAddMs = r.seconds * 1000;
+      else
+        res.addMs.push_back(r.seconds * 1000);
+      res.addMaxRssKb = std::max(res.addMaxRssKb, r.maxRssKb);
+    }
+    if (!istio) continue;
+    if (Status before = istio->cniChainBefore(i); !before.ok()) {
+      res.fail(before.error().message);
       continue;
     }
-    added[static_cast<size_t>(i)] = true;
-    // The first loads and pins the programs (a fresh root); the rest reuse them.
-    if (i == 0)
-      res.firstAddMs = r.seconds * 1000;
-    else
-      res.addMs.push_back(r.seconds * 1000);
-    res.addMaxRssKb = std::max(res.addMaxRssKb, r.maxRssKb);
+    auto ns = openNetns(istio->path(i));
+    auto in = ns.ok() ? applyIstioRules(ns->get(), IptFlavor::Nft, *rules) : Result<IptTiming>(ns.error());
+    if (!in.ok()) {
+      res.fail("Istio's processes: " + in.error().message);
+      continue;
+    }
+    auto node = istioIpsetProcess(istioNode.get(), true, PodFarm::address(i), istioUid(i));
+    if (!node.ok()) {
+      res.fail("Istio's processes: " + node.error().message);
+      (void)removeIstioRules(ns->get(), IptFlavor::Nft, *rules);
+      continue;
+    }
+    istioAdded[static_cast<size_t>(i)] = true;
+    if (i == 0) continue;  // as for sluicectl: the first pod is no steady state
+    res.istioInPodMs.push_back(in->total() * 1000);
+    res.istioNodeMs.push_back(*node * 1000);
+    res.istioAddMs.push_back((in->total() + *node) * 1000);
+  }
+  // The node side of every pod (whatever it attaches), as `pod list` shows it.
+  auto list = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list", "--json"});
+  size_t host = 0, listed = 0;
+  if (list.exitCode == 0) {
+    auto j = nlohmann::json::parse(list.output, nullptr, false);
+    if (j.is_array())
+      for (const auto& p : j) {
+        listed++;
+        host += p.contains("host_iface") && p["host_iface"].is_string() && !p["host_iface"].get<std::string>().empty();
+      }
+  }
+  size_t want = static_cast<size_t>(std::count(added.begin(), added.end(), true));
+  res.checks.push_back(std::to_string(listed) + " pods listed, " + hostVethCheck(host, want));
+  if (host != want || listed != want) res.fail("sluicectl pod add --node-netns: " + res.checks.back());
+  if (istio) {
+    bool inSet = istioIpsetHas(istioNode.get(), PodFarm::address(0));
+    res.checks.push_back(std::string("Istio's pod 0 ") + (inSet ? "in " : "NOT in ") + kIstioProbeSetV4);
+    if (!inSet && istioAdded[0]) res.fail("ipset add: " + res.checks.back());
   }
   for (int i = 0; i < pods; i++) {
-    if (!added[static_cast<size_t>(i)]) continue;
-    auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "remove", "--id", (*farm)->name(i)});
-    if (r.exitCode != 0) {
-      res.fail(r.describe("sluicectl pod remove"));
+    if (added[static_cast<size_t>(i)]) {
+      auto r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "remove", "--id", (*farm)->name(i)});
+      if (r.exitCode != 0) {
+        res.fail(r.describe("sluicectl pod remove"));
+      } else {
+        res.removeMs.push_back(r.seconds * 1000);
+        res.removeMaxRssKb = std::max(res.removeMaxRssKb, r.maxRssKb);
+      }
+    }
+    if (!istio || !istioAdded[static_cast<size_t>(i)]) continue;
+    auto ns = openNetns(istio->path(i));
+    auto out = ns.ok() ? removeIstioRules(ns->get(), IptFlavor::Nft, *rules) : Result<IptTiming>(ns.error());
+    auto node = out.ok() ? istioIpsetProcess(istioNode.get(), false, PodFarm::address(i), "") : Result<double>(out.error());
+    if (!node.ok()) {
+      res.fail("Istio's processes, removal: " + node.error().message);
       continue;
     }
-    res.removeMs.push_back(r.seconds * 1000);
-    res.removeMaxRssKb = std::max(res.removeMaxRssKb, r.maxRssKb);
+    res.istioRemoveMs.push_back((out->total() + *node) * 1000);
   }
   return res;
 }
@@ -462,7 +594,12 @@ std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::stri
     size_t running = (*proxy)->runningPods().size();
     res.checks.push_back(std::to_string(acked) + " pods enrolled with the hand-off acked, " + std::to_string(running) +
                          " proxied by the stand-in");
-    bool addsOk = acked == res.addMs.size() && running == res.addMs.size();
+    // The agent runs in the node netns: every pod gets its node side there.
+    size_t host = 0;
+    if (auto c = (*agent)->client(); c.ok())
+      if (auto l = c->listPods(); l.ok()) host = withHostVeth(*l);
+    res.checks.push_back(hostVethCheck(host, res.addMs.size()));
+    bool addsOk = acked == res.addMs.size() && running == res.addMs.size() && host == res.addMs.size();
     for (int i = 0; i < pods; i++) {
       if (!added[static_cast<size_t>(i)]) continue;
       auto in = tmp.write("conf.json", conf(i));
@@ -561,6 +698,7 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
     PodSpec spec;
     spec.netnsPath = (*farm)->path(i);
     spec.id = (*farm)->name(i);
+    spec.nodeNetnsPath = (*farm)->nodePath();
     if (Status before = (*farm)->cniChainBefore(i); !before.ok()) {
       res.fail(before.error().message);
       continue;
@@ -576,20 +714,23 @@ ScaleResult runScaleBench(int pods, CaptureMode capture) {
   }
   res.rssAfterPodsKb = vmRssKb();
   res.mapsAfter = mapMemory(bpffs.root());
-  size_t listed = (*dp)->listPods().size();
-  res.verified = listed == res.addMs.size() && res.failures == 0;
+  auto enrolled = (*dp)->listPods();
+  size_t host = withHostVeth(enrolled);
+  res.nodeSide = hostVethCheck(host, res.addMs.size());
+  res.verified = enrolled.size() == res.addMs.size() && host == res.addMs.size() && res.failures == 0;
   if (capture == CaptureMode::Socket) res.stubs = stubCounts(**dp);
 
   // The CLI with every pod enrolled: what an operator's `sluicectl` costs.
   if (!gStop) {
     std::vector<std::string> argv = {sluicectl(), "--bpffs", bpffs.root(), "--capture", capture == CaptureMode::Socket ? "socket" : "tc"};
     if (!socketHookCgroup().empty()) argv.insert(argv.end(), {"--cgroup", socketHookCgroup()});
-    argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(pods)});
+    argv.insert(argv.end(), {"pod", "add", "--netns", (*farm)->path(pods), "--node-netns", (*farm)->nodePath()});
     auto r = spawnWait(argv);
     if (r.exitCode != 0) res.fail(r.describe("sluicectl pod add"));
     res.cliAddMs = r.seconds * 1000;
     res.cliAddRssKb = r.maxRssKb;
-    r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list"});
+    // `pod list` checks every pod (its node side too): minutes at 1000 pods.
+    r = spawnWait({sluicectl(), "--bpffs", bpffs.root(), "pod", "list"}, {}, 900s);
     if (r.exitCode != 0) res.fail(r.describe("sluicectl pod list"));
     res.cliListMs = r.seconds * 1000;
     res.cliListRssKb = r.maxRssKb;

@@ -1,8 +1,11 @@
-// Pod enrollment and removal: sluice's Datapath (in process, tcx and
-// legacy), the sluicectl CLI, and Istio's path (iptables-restore of the
-// in-pod rules + the policy-route script, nf_tables and legacy), each in
-// fresh network namespaces. Only the enrollment work is timed: namespaces and
-// their veths are made beforehand, in bulk (PodFarm).
+// Pod enrollment and removal as a cluster pays for it, node side included:
+// sluice's Datapath (in process, every capture mode) with the pod's
+// host-side veth in a node netns, the sluicectl CLI (--node-netns), and
+// Istio's whole per-pod path (in the pod: iptables-restore of its rules +
+// the policy-route script, nf_tables and legacy; on the node: the pod's
+// address in its probe ipset), each in fresh network namespaces. Only the
+// enrollment work is timed: namespaces and their veths are made
+// beforehand, in bulk (PodFarm).
 #pragma once
 
 #include <cstdint>
@@ -61,8 +64,14 @@ struct Failures {
 /// Enroll / removal times of one path, milliseconds, in pod order.
 struct PathTimes : Failures {
   CaseKind kind;
-  std::vector<double> addMs, removeMs;
-  std::vector<double> v4Ms, v6Ms, routeMs;  ///< iptables paths: the three steps of an add
+  /// Enrolled as in a cluster, node side included (sluice: the pod's
+  /// host-side veth in the farm's node netns, PodSpec::nodeNetnsPath, as
+  /// `sluicectl pod add --node-netns` does; Istio: the pod's address in the
+  /// node's probe ipset). false: sluice's in-pod part alone (no node side).
+  bool nodeSide = true;
+  std::vector<double> addMs, removeMs;  ///< the whole add / removal
+  std::vector<double> v4Ms, v6Ms, routeMs;  ///< iptables paths: the three in-pod steps of an add
+  std::vector<double> inPodMs, nodeMs;  ///< iptables paths: an add's in-pod part (the three steps) and node part (ipset)
   std::vector<std::string> checks;  ///< what verified that the work was done
   bool verified = false;
 };
@@ -72,18 +81,26 @@ struct EnrollResult {
   std::vector<PathTimes> paths;
 };
 
-/// @p pods pods per path, the paths interleaved pod by pod.
+/// @p pods pods per path, the paths interleaved pod by pod. Every sluice
+/// kind runs twice: whole (node side) and its in-pod part alone.
 EnrollResult runEnrollBench(int pods, const std::vector<CaseKind>& kinds, const IstioRules* rules);
 
-/// sluicectl as a process: `pod add` / `pod remove` times (including the
-/// process start) and peak RSS. The first `pod add` on the fresh root loads,
-/// verifies and pins the programs (firstAddMs); the others reuse the pins.
+/// sluicectl as a process: `pod add --node-netns` / `pod remove` times
+/// (including the process start) and peak RSS. The first `pod add` on the
+/// fresh root loads, verifies and pins the programs (firstAddMs); the others
+/// reuse the pins. Beside it, pod by pod on pods of their own, Istio's
+/// per-pod processes (when @p rules): iptables-restore, ip6tables-restore
+/// and the route script (ip rule / ip route) in the pod, `ipset add` on the
+/// node.
 struct CliResult : Failures {
   double firstAddMs = 0;
   std::vector<double> addMs, removeMs;
   long addMaxRssKb = 0, removeMaxRssKb = 0;
+  std::vector<double> istioAddMs, istioRemoveMs;  ///< Istio's processes, whole
+  std::vector<double> istioInPodMs, istioNodeMs;  ///< the in-pod processes / `ipset add`
+  std::vector<std::string> checks;
 };
-CliResult runCliBench(int pods);
+CliResult runCliBench(int pods, const IstioRules* rules);
 
 /// Enrollment as a container runtime does it with the hand-off to the node
 /// proxy: the sluice-cni process (ADD, DEL) -> sluiced --ztunnel-socket ->
@@ -93,7 +110,7 @@ struct HandOffResult : Failures {
   std::string mode;  ///< socket (the CNI config's capture), or tcx / legacy (its tcMode)
   std::vector<double> addMs, removeMs;
   long addMaxRssKb = 0;
-  std::vector<std::string> checks;
+  std::vector<std::string> checks;  ///< node side included: every pod has its host-side veth
   bool verified = false;
 };
 std::vector<HandOffResult> runHandOffBench(int pods, const std::vector<std::string>& modes);
@@ -115,12 +132,14 @@ struct ScaleResult : Failures {
   std::vector<MapMem> mapsBefore, mapsAfter;
   uint64_t progMemlock = 0;
   std::string stubs;  ///< socket mode: how the sk_lookup programs were had
+  std::string nodeSide;  ///< how many pods got their host-side veth (node side)
   // sluicectl with `pods` pods enrolled
   double cliAddMs = 0, cliListMs = 0, cliRemoveMs = 0;
   long cliAddRssKb = 0, cliListRssKb = 0, cliRemoveRssKb = 0;
   bool verified = false;
 };
-/// @p pods pods enrolled in one Datapath captured as @p capture (TC: tcx).
+/// @p pods pods enrolled in one Datapath captured as @p capture (TC: tcx),
+/// node side included.
 ScaleResult runScaleBench(int pods, CaptureMode capture);
 
 }  // namespace sluice::bench

@@ -78,13 +78,15 @@ each figure is printed beside its case without XDP.
   --conn-concurrency N  connections in flight for the connection rates (16)
   --rr-connections N    long-lived connections for request/response (1)
   --dns-concurrency N   DNS queries in flight (16)
-  --pods N              pods per path for enroll/removal times (200)
-  --scale-pods N        pods enrolled for the scale test (1000)
+  --pods N              pods per path for enroll/removal times, node side included
+                        (200; each sluice mode also without it: its in-pod part)
+  --scale-pods N        pods enrolled for the scale test, node side included (1000)
   --bare-netns          enroll pods as `ip netns add` leaves them; by default each
                         pod's /proc/sys/net is first written once, untimed, as the
                         CNI plugins before sluice's in a chain do (bridge)
   --kube-pods N         running pods of the namespace labelled at once (250)
-  --cli-pods N          pods added/removed with the sluicectl process (20)
+  --cli-pods N          pods added/removed with the sluicectl process (--node-netns),
+                        beside Istio's per-pod processes (20)
   --bpf-duration S      seconds per workload with BPF run-time stats on (1)
   --micro-runs N        BPF_PROG_TEST_RUN runs per packet kind (5000)
   --cases LIST          comma-separated subset of the cases (and XDP variants)
@@ -616,7 +618,7 @@ int main(int argc, char** argv) {
     settle("enroll");
     if (c.cliPods > 0 && c.hasCase(CaseKind::SluiceTcx) && !gStop) {
       std::cerr << "sluicectl: " << c.cliPods << " pods\n";
-      res.cli = runCliBench(c.cliPods);
+      res.cli = runCliBench(c.cliPods, rp);
       settle("sluicectl");
     }
     std::vector<std::string> modes;
