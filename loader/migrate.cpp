@@ -132,6 +132,22 @@ Status migrateSnatRevFrom1(int oldFd, MigrationMaps& p, const std::string& root,
       });
 }
 
+// `pod_addrs` layout 1: the pod's netns cookie alone. Layout 2 adds the
+// netns whose sockets probe the pod (bpf/node_probe.bpf.c), which the pod's
+// record holds (pods is migrated first: mapLayouts() lists it before).
+Status migratePodAddrsFrom1(int oldFd, MigrationMaps& p, const std::string& /*root*/, size_t& copied) {
+  std::map<uint64_t, uint64_t> nodeOf;  // pod netns cookie -> node netns cookie
+  for (const auto& key : p.pods.keys())
+    if (auto rec = p.pods.lookup(key)) nodeOf[rec->netns_cookie] = rec->node_netns_cookie;
+  return copyEntries<sluice_pod_addr, uint64_t>(
+      oldFd, p.podAddrs,
+      [&](const uint64_t& podCookie) {
+        auto it = nodeOf.find(podCookie);
+        return sluice_pod_addr_info{podCookie, it == nodeOf.end() ? 0 : it->second};
+      },
+      copied);
+}
+
 using MigrateFn = Status (*)(int oldFd, MigrationMaps& p, const std::string& root, size_t& copied);
 struct Migrator {
   const char* name;
@@ -142,6 +158,7 @@ const Migrator kMigrators[] = {
     {SLUICE_PIN_PODS, 1, migratePodsFrom1},
     {SLUICE_PIN_PODS, 2, migratePodsFrom2},
     {SLUICE_PIN_SNAT_REV, 1, migrateSnatRevFrom1},
+    {SLUICE_PIN_POD_ADDRS, 1, migratePodAddrsFrom1},
 };
 
 // Maps earlier builds pinned and this one does not use: unpinned (and their
