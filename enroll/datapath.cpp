@@ -439,7 +439,7 @@ Result<PodCheck> Datapath::checkPod(const std::string& id) {
 }
 
 // The probe hook of an older build is switched to this build's program in
-// place (no connect misses it); a missing one is attached.
+// place (no connect misses it), once per Datapath; a missing one is attached.
 void Datapath::reconcileProbeHook(const std::vector<sluice_pod_id>& keys, ReconcileReport& report) {
   bool nodeSide = std::any_of(keys.begin(), keys.end(), [&](const sluice_pod_id& k) {
     auto r = programs_->pods.lookup(k);
@@ -447,11 +447,14 @@ void Datapath::reconcileProbeHook(const std::vector<sluice_pod_id>& keys, Reconc
   });
   if (!nodeSide && !probeHookPinned(options_.bpffsRoot)) return;
   auto cg = nodeCgroup();
-  auto done = cg.ok() ? ensureProbeHook(options_.bpffsRoot, *cg, true) : Result<ProbeHookReport>(cg.error());
+  // The first sweep compares the links' programs with this build's (a
+  // load); later ones only check the pins.
+  auto done = cg.ok() ? ensureProbeHook(options_.bpffsRoot, *cg, !probeHookSwept_) : Result<ProbeHookReport>(cg.error());
   if (!done.ok()) {
     report.errors.push_back("node probe hook: " + done.error().message);
     return;
   }
+  probeHookSwept_ = true;
   report.programsReplaced += done->replaced;
   if (done->attached) {
     PodCheck node;

@@ -241,6 +241,7 @@ class Datapath {
   /// per process and cgroup, then by its pins.
   Status ensureProbeHookFor(bool full = false);
   std::optional<std::string> probeHookChecked_;
+  bool probeHookSwept_ = false;  ///< a sweep compared the probe hook's programs with this build's
   /// The cgroup (path, id) ensureNodeHooksFor last checked fully.
   std::optional<std::pair<std::string, uint64_t>> nodeHooksChecked_;
   /// The pod guard (loader/pod_guard.h) was ensured by this Datapath:

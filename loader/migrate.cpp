@@ -133,19 +133,16 @@ Status migrateSnatRevFrom1(int oldFd, MigrationMaps& p, const std::string& root,
 }
 
 // `pod_addrs` layout 1: the pod's netns cookie alone. Layout 2 adds the
-// netns whose sockets probe the pod (bpf/node_probe.bpf.c), which the pod's
-// record holds (pods is migrated first: mapLayouts() lists it before).
+// netns whose sockets the node's probe hook binds (bpf/node_probe.bpf.c):
+// 0 for every pod enrolled by a layout-1 build, whose host-side veth still
+// runs that build's probe SNAT (host_egress/host_ingress, left attached
+// until the pod is removed). Bound there too, a new probe could get a port
+// whose old translation (snat_closed) still sends its replies to another
+// prober; left to the old programs, every probe of the pod is translated
+// as before. A pod enrolled afterwards gets its node's netns.
 Status migratePodAddrsFrom1(int oldFd, MigrationMaps& p, const std::string& /*root*/, size_t& copied) {
-  std::map<uint64_t, uint64_t> nodeOf;  // pod netns cookie -> node netns cookie
-  for (const auto& key : p.pods.keys())
-    if (auto rec = p.pods.lookup(key)) nodeOf[rec->netns_cookie] = rec->node_netns_cookie;
   return copyEntries<sluice_pod_addr, uint64_t>(
-      oldFd, p.podAddrs,
-      [&](const uint64_t& podCookie) {
-        auto it = nodeOf.find(podCookie);
-        return sluice_pod_addr_info{podCookie, it == nodeOf.end() ? 0 : it->second};
-      },
-      copied);
+      oldFd, p.podAddrs, [](const uint64_t& podCookie) { return sluice_pod_addr_info{podCookie, 0}; }, copied);
 }
 
 using MigrateFn = Status (*)(int oldFd, MigrationMaps& p, const std::string& root, size_t& copied);

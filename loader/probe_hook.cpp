@@ -17,6 +17,7 @@
 
 #include "base/fd.h"
 #include "loader/sock_hooks.h"
+#include "loader/tc.h"
 #include "maps/sluice_maps.h"
 #include "node_probe.skel.h"
 
@@ -139,7 +140,14 @@ Result<ProbeHookReport> ensureProbeHook(const std::string& root, const std::stri
       {kLinks[0], BPF_CGROUP_INET4_CONNECT, bpf_program__fd((*skel)->progs.node_connect4)},
       {kLinks[1], BPF_CGROUP_INET6_CONNECT, bpf_program__fd((*skel)->progs.node_connect6)},
   };
-  auto done = ensureCgroupLinks(root, cgroupPath, hooks, replace, kWhat);
+  // Switch only links running other instructions (an older build's): a
+  // fresh load of the same program has another id but the same tag.
+  bool differs = false;
+  for (const auto& h : hooks) {
+    Fd link(bpf_obj_get((root + "/" + SLUICE_PIN_NODE_LINKS_DIR + "/" + h.name).c_str()));
+    if (link.valid() && linkedProgramTag(link.get()) != programTag(h.progFd)) differs = true;
+  }
+  auto done = ensureCgroupLinks(root, cgroupPath, hooks, replace && differs, kWhat);
   SLUICE_TRY(done);
   return ProbeHookReport{done->attached, done->replaced};
 }

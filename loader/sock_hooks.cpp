@@ -224,17 +224,26 @@ bool nodeHooksComplete(const std::string& root, const PodPrograms& p) {
   return nodeLinksPinned(root, names) && p.socketLoaded() && p.skLookupProg.lookup(0).has_value();
 }
 
+// The socket mode's node hooks by pin name (nodeHooks() names them for
+// loaded programs), then the node's probe hook (loader/probe_hook.h).
+const char* const kSocketHookNames[] = {"connect4",     "connect6",     "sendmsg4",   "sendmsg6", "recvmsg4",    "recvmsg6",
+                                        "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress",
+                                        "sock_create"};
+const char* const kProbeHookNames[] = {"probe_connect4", "probe_connect6"};
+
 bool nodeHooksPinned(const std::string& root) {
+  // node_links/ holds the probe hook and the pod guard too: a socket hook's pin.
   struct stat st {};
-  return ::stat(nodeDir(root).c_str(), &st) == 0;
+  for (const char* n : kSocketHookNames)
+    if (::lstat((nodeDir(root) + "/" + n).c_str(), &st) == 0) return true;
+  return false;
 }
 
 Status removeNodeHooks(const std::string& root) {
-  static const char* const kNames[] = {"connect4",     "connect6",     "sendmsg4",   "sendmsg6", "recvmsg4",    "recvmsg6",
-                                       "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress",
-                                       "sock_create",  "probe_connect4", "probe_connect6"};
   Status first;
-  for (const char* n : kNames) {
+  std::vector<const char*> names(std::begin(kSocketHookNames), std::end(kSocketHookNames));
+  names.insert(names.end(), std::begin(kProbeHookNames), std::end(kProbeHookNames));
+  for (const char* n : names) {
     Status st = detachNodeLink(root, n);
     if (!st.ok() && first.ok()) first = st;
   }

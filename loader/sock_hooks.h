@@ -79,10 +79,11 @@ bool nodeLinksPinned(const std::string& root, const std::vector<std::string>& na
 /// Detaches and unpins node link @p name under @p root (absent: success).
 Status detachNodeLink(const std::string& root, const std::string& name);
 
-/// Whether any node hook is pinned under @p root.
+/// Whether any of the socket mode's node hooks is pinned under @p root.
 bool nodeHooksPinned(const std::string& root);
 
-/// Detaches and unpins every node hook under @p root (absent: success).
+/// Detaches and unpins every node hook under @p root, the socket mode's
+/// and the probe hook (absent: success).
 Status removeNodeHooks(const std::string& root);
 
 /// Takes pod @p cookie's own sk_lookup program (PodPrograms::skLookupStub:
