@@ -199,7 +199,8 @@ Status carries(int from, int to, const std::string& text) {
 /// Datapath, the namespaces, and last the bpffs root.
 class ProbeEnv {
  public:
-  ProbeEnv(TcMode mode, CniKind kind) : mode_(mode), topo_(kind) {}
+  ProbeEnv(TcMode mode, CniKind kind, CaptureMode capture = CaptureMode::Tc)
+      : mode_(mode), capture_(capture), topo_(kind) {}
   ~ProbeEnv() {
     for (auto& p : proxies_) p->stop();
     apps_.clear();
@@ -217,7 +218,7 @@ class ProbeEnv {
     DatapathOptions o;
     o.bpffsRoot = bpffs_.root();
     o.tcMode = mode_;
-    o.capture = CaptureMode::Tc;  // the pod's side in the mode the test is named for
+    o.capture = capture_;  // the pod's side in the mode the test is named for (TC unless said)
     if (snatEntries_) o.snatEntries = snatEntries_;
     auto dp = Datapath::open(o);
     SLUICE_TRY(dp);
@@ -287,6 +288,7 @@ class ProbeEnv {
 
  private:
   TcMode mode_;
+  CaptureMode capture_;
   TestBpffs bpffs_;
   ProbeTopology topo_;
   std::unique_ptr<Datapath> dp_;
@@ -942,6 +944,53 @@ TEST_P(ProbeSnat, TwoPodsCountTheirOwnProbes) {
   for (const auto& p : (*app2)->peers()) EXPECT_EQ(p.ip(), probeIp());
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
   EXPECT_EQ(env_->stats(pod2.ns->name()).probe_conns, 3u);
+}
+
+// Issue 31: enrolling a pod's node side attaches nothing per pod. 40 pods
+// enrolled one after another: no host-side veth has a tcx program or a
+// clsact qdisc, the node's probe hook (two links) is attached once, and a
+// probe to the last pod gets the probe source. Prints the in-process
+// enrollment time (median, p99) for docs/benchmarks.md; asserts none. The
+// pods' side in the suite's TC mode and, for tcx, also at the socket (where
+// the pod's side attaches no TC program either).
+void enrollMany(ProbeEnv& env, int family, const std::string& label) {
+  constexpr int kPods = 40;
+  std::vector<double> ms;
+  for (int i = 0; i < kPods; i++) {
+    auto pod = env.topo().addPod();
+    ASSERT_TRUE(pod.ok()) << pod.error().message;
+    const auto t0 = Clock::now();
+    auto info = env.enroll(**pod);
+    const auto t1 = Clock::now();
+    if (!info.ok() && info.error().code == ENOTSUP) GTEST_SKIP() << info.error().message;
+    ASSERT_TRUE(info.ok()) << info.error().message;
+    if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());  // the first attaches the hook
+  }
+  for (const auto& p : env.topo().pods()) {
+    EXPECT_EQ(tcxProgCount(env.node(), p->hostIface).value(), 0u) << p->hostIface;
+    EXPECT_EQ(qdiscOf(env.node(), p->hostIface).find("clsact"), std::string::npos) << p->hostIface;
+  }
+  auto links = entriesWithPrefix(env.bpffs().root() + "/" + SLUICE_PIN_NODE_LINKS_DIR, "probe_connect");
+  EXPECT_EQ(links.size(), 2u) << join(links);
+  const ProbePod& last = *env.topo().pods().back();
+  auto app = env.startApp(last, family);
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  auto c = tcpConnect(env.node(), Endpoint::of(last.ip(family), kAppPort));
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_TRUE(echoRoundTrip(c->get(), "last").ok());
+  ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout));
+  EXPECT_EQ((*app)->peers()[0].ip(), ProbeTopology::probeAddr(family));
+  std::sort(ms.begin(), ms.end());
+  std::cout << "[ enroll   ] " << label << ": " << ms.size() << " pods with the node side, in process: median "
+            << ms[ms.size() / 2] << " ms, p99 " << ms[std::min(ms.size() - 1, ms.size() * 99 / 100)] << " ms\n";
+}
+
+TEST_P(ProbeSnat, ManyPodsAttachNothingPerPod) {
+  ProbeEnv tc(mode(), kind());
+  enrollMany(tc, family(), std::string("pods at TC (") + modeName(mode()) + ")");
+  if (HasFatalFailure() || IsSkipped() || mode() != TcMode::Tcx) return;
+  ProbeEnv sock(mode(), kind(), CaptureMode::Socket);
+  enrollMany(sock, family(), "pods at the socket");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ProbeSnat,
