@@ -438,6 +438,21 @@ Result<PodCheck> Datapath::checkPod(const std::string& id) {
   return checkPlan(planFor(pod->rec, PlanFor::enrolled(pod->rec)), c, false);
 }
 
+namespace {
+
+// A sweep's repair of the node's own hooks, reported as the pseudo-pod "(node)".
+void reportNodeRepair(ReconcileReport& report, int replaced, int attached, const std::string& what) {
+  report.programsReplaced += replaced;
+  if (!attached) return;
+  PodCheck node;
+  node.id = "(node)";
+  node.problems.push_back(std::to_string(attached) + " " + what + " missing");
+  node.repaired = node.problems;
+  report.repaired.push_back(node);
+}
+
+}  // namespace
+
 // The probe hook of an older build is switched to this build's program in
 // place (no connect misses it), once per Datapath; a missing one is attached.
 void Datapath::reconcileProbeHook(const std::vector<sluice_pod_id>& keys, ReconcileReport& report) {
@@ -455,14 +470,7 @@ void Datapath::reconcileProbeHook(const std::vector<sluice_pod_id>& keys, Reconc
     return;
   }
   probeHookSwept_ = true;
-  report.programsReplaced += done->replaced;
-  if (done->attached) {
-    PodCheck node;
-    node.id = "(node)";
-    node.problems.push_back(std::to_string(done->attached) + " node probe hook link(s) missing");
-    node.repaired = node.problems;
-    report.repaired.push_back(node);
-  }
+  reportNodeRepair(report, done->replaced, done->attached, "node probe hook link(s)");
 }
 
 void Datapath::reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, ReconcileReport& report) {
@@ -477,14 +485,7 @@ void Datapath::reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, Reconc
     report.errors.push_back("socket mode node hooks: " + done.error().message);
     return;
   }
-  report.programsReplaced += done->replaced;
-  if (done->attached) {
-    PodCheck node;
-    node.id = "(node)";
-    node.problems.push_back(std::to_string(done->attached) + " socket mode node hook(s) missing");
-    node.repaired = node.problems;
-    report.repaired.push_back(node);
-  }
+  reportNodeRepair(report, done->replaced, done->attached, "socket mode node hook(s)");
 }
 
 ReconcileReport Datapath::reconcile() {
