@@ -23,6 +23,9 @@ struct DatapathServices {
   /// Socket mode: the node-wide hooks in place (cached per process;
   /// @p full: every link read back, as a repair needs, not the cache).
   std::function<Status(bool full)> ensureNodeHooks;
+  /// The node's probe hook in place (cached per process; @p full: read
+  /// back, as a repair needs).
+  std::function<Status(bool full)> ensureProbeHook;
   /// The cgroup the node hooks attach at.
   std::function<Result<std::string>()> nodeCgroup;
   /// A second instance of the programs, to move a tcx link to the front.

@@ -16,6 +16,7 @@
 #include "loader/features.h"
 #include "loader/netns.h"
 #include "loader/privileges.h"
+#include "loader/probe_hook.h"
 #include "loader/sock_hooks.h"
 
 namespace sluice {
@@ -136,6 +137,7 @@ PodContext Datapath::contextFor(const std::string& id, const sluice_pod_record& 
   c.linkDir = podLinkDir(options_.bpffsRoot, id);
   c.services.ensureNodeHooks = [this](bool full) { return ensureNodeHooksFor(full); };
   c.services.nodeCgroup = [this] { return nodeCgroup(); };
+  c.services.ensureProbeHook = [this](bool full) { return ensureProbeHookFor(full); };
   c.services.staging = [this] { return stagingPrograms(); };
   c.services.reapStale = [this](const std::string& other, const sluice_pod_record& r, const std::string& held) {
     return reapStale(other, r, held);
@@ -302,6 +304,16 @@ Status Datapath::ensureNodeHooksFor(bool full) {
   return {};
 }
 
+Status Datapath::ensureProbeHookFor(bool full) {
+  auto cg = nodeCgroup();
+  SLUICE_TRY(cg);
+  if (!full && probeHookChecked_ == *cg && probeHookPinned(options_.bpffsRoot)) return {};
+  probeHookChecked_.reset();
+  SLUICE_TRY(ensureProbeHook(options_.bpffsRoot, *cg, false));
+  probeHookChecked_ = *cg;
+  return {};
+}
+
 Status Datapath::setHandoff(const std::string& id, HandoffState state, const std::string& error) {
   auto rec = programs_->pods.lookup(podKey(id));
   if (!rec) return {};
@@ -426,6 +438,41 @@ Result<PodCheck> Datapath::checkPod(const std::string& id) {
   return checkPlan(planFor(pod->rec, PlanFor::enrolled(pod->rec)), c, false);
 }
 
+namespace {
+
+// A sweep's repair of the node's own hooks, reported as the pseudo-pod "(node)".
+void reportNodeRepair(ReconcileReport& report, int replaced, int attached, const std::string& what) {
+  report.programsReplaced += replaced;
+  if (!attached) return;
+  PodCheck node;
+  node.id = "(node)";
+  node.problems.push_back(std::to_string(attached) + " " + what + " missing");
+  node.repaired = node.problems;
+  report.repaired.push_back(node);
+}
+
+}  // namespace
+
+// The probe hook of an older build is switched to this build's program in
+// place (no connect misses it), once per Datapath; a missing one is attached.
+void Datapath::reconcileProbeHook(const std::vector<sluice_pod_id>& keys, ReconcileReport& report) {
+  bool nodeSide = std::any_of(keys.begin(), keys.end(), [&](const sluice_pod_id& k) {
+    auto r = programs_->pods.lookup(k);
+    return r && r->host_iface.ifindex;
+  });
+  if (!nodeSide && !probeHookPinned(options_.bpffsRoot)) return;
+  auto cg = nodeCgroup();
+  // The first sweep compares the links' programs with this build's (a
+  // load); later ones only check the pins.
+  auto done = cg.ok() ? ensureProbeHook(options_.bpffsRoot, *cg, !probeHookSwept_) : Result<ProbeHookReport>(cg.error());
+  if (!done.ok()) {
+    report.errors.push_back("node probe hook: " + done.error().message);
+    return;
+  }
+  probeHookSwept_ = true;
+  reportNodeRepair(report, done->replaced, done->attached, "node probe hook link(s)");
+}
+
 void Datapath::reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, ReconcileReport& report) {
   bool socketPods = std::any_of(keys.begin(), keys.end(), [&](const sluice_pod_id& k) {
     auto r = programs_->pods.lookup(k);
@@ -438,14 +485,7 @@ void Datapath::reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, Reconc
     report.errors.push_back("socket mode node hooks: " + done.error().message);
     return;
   }
-  report.programsReplaced += done->replaced;
-  if (done->attached) {
-    PodCheck node;
-    node.id = "(node)";
-    node.problems.push_back(std::to_string(done->attached) + " socket mode node hook(s) missing");
-    node.repaired = node.problems;
-    report.repaired.push_back(node);
-  }
+  reportNodeRepair(report, done->replaced, done->attached, "socket mode node hook(s)");
 }
 
 ReconcileReport Datapath::reconcile() {
@@ -460,6 +500,7 @@ ReconcileReport Datapath::reconcile() {
   // The socket mode's node hooks: re-made when missing, switched to this
   // Datapath's programs in place (how a newer build takes over).
   reconcileNodeHooks(keys, report);
+  reconcileProbeHook(keys, report);
   struct DropStaging {
     std::unique_ptr<PodPrograms>& p;
     ~DropStaging() { p.reset(); }

@@ -221,6 +221,7 @@ class Datapath {
   /// Socket mode: the node-wide hooks re-made and switched to this
   /// Datapath's programs, before a sweep looks at the pods.
   void reconcileNodeHooks(const std::vector<sluice_pod_id>& keys, ReconcileReport& report);
+  void reconcileProbeHook(const std::vector<sluice_pod_id>& keys, ReconcileReport& report);
 
   /// A second instance of the programs (same maps), loaded when a sweep
   /// moves a tcx link to the front (moveTcxToFront); dropped after it.
@@ -236,6 +237,11 @@ class Datapath {
   DatapathOptions options_;
   std::unique_ptr<PodPrograms> programs_;
   std::unique_ptr<PodPrograms> staging_;
+  /// The node's probe hook in place (ensureProbeHook): checked fully once
+  /// per process and cgroup, then by its pins.
+  Status ensureProbeHookFor(bool full = false);
+  std::optional<std::string> probeHookChecked_;
+  bool probeHookSwept_ = false;  ///< a sweep compared the probe hook's programs with this build's
   /// The cgroup (path, id) ensureNodeHooksFor last checked fully.
   std::optional<std::pair<std::string, uint64_t>> nodeHooksChecked_;
   /// The pod guard (loader/pod_guard.h) was ensured by this Datapath:

@@ -81,9 +81,9 @@ Plan planFor(const sluice_pod_record& rec, const PlanFor& what) {
   if (what.handoff) plan.push_back(handoffStep());
   if (what.nodeSide) {
     plan.push_back(hostVethStep());
-    plan.push_back(tcHookStep({TcIface::Host, 0}, TcHook::Egress, &PodPrograms::hostEgressFd, true));
-    plan.push_back(tcHookStep({TcIface::Host, 0}, TcHook::Ingress, &PodPrograms::hostIngressFd, false));
-    plan.push_back(podAddrsStep());
+    plan.push_back(probeAddrsStep());
+    plan.push_back(probeHookStep());
+    plan.push_back(podAddrsStep());  // probes get the probe source from here
   }
   return plan;
 }

@@ -132,6 +132,19 @@ Status migrateSnatRevFrom1(int oldFd, MigrationMaps& p, const std::string& root,
       });
 }
 
+// `pod_addrs` layout 1: the pod's netns cookie alone. Layout 2 adds the
+// netns whose sockets the node's probe hook binds (bpf/node_probe.bpf.c):
+// 0 for every pod enrolled by a layout-1 build, whose host-side veth still
+// runs that build's probe SNAT (host_egress/host_ingress, left attached
+// until the pod is removed). Bound there too, a new probe could get a port
+// whose old translation (snat_closed) still sends its replies to another
+// prober; left to the old programs, every probe of the pod is translated
+// as before. A pod enrolled afterwards gets its node's netns.
+Status migratePodAddrsFrom1(int oldFd, MigrationMaps& p, const std::string& /*root*/, size_t& copied) {
+  return copyEntries<sluice_pod_addr, uint64_t>(
+      oldFd, p.podAddrs, [](const uint64_t& podCookie) { return sluice_pod_addr_info{podCookie, 0}; }, copied);
+}
+
 using MigrateFn = Status (*)(int oldFd, MigrationMaps& p, const std::string& root, size_t& copied);
 struct Migrator {
   const char* name;
@@ -142,6 +155,7 @@ const Migrator kMigrators[] = {
     {SLUICE_PIN_PODS, 1, migratePodsFrom1},
     {SLUICE_PIN_PODS, 2, migratePodsFrom2},
     {SLUICE_PIN_SNAT_REV, 1, migrateSnatRevFrom1},
+    {SLUICE_PIN_POD_ADDRS, 1, migratePodAddrsFrom1},
 };
 
 // Maps earlier builds pinned and this one does not use: unpinned (and their

@@ -24,6 +24,7 @@ namespace sluice {
 /// which drives the migration).
 struct MigrationMaps {
   BpfMap<sluice_pod_id, sluice_pod_record>& pods;
+  BpfMap<sluice_pod_addr, sluice_pod_addr_info>& podAddrs;
   BpfMap<sluice_snat_key, sluice_snat_value>& snatRev;
   BpfMap<sluice_layout_key, sluice_layout_value>& layouts;
 };

@@ -17,6 +17,7 @@
 
 #include "pod_guard.skel.h"
 #include "base/fd.h"
+#include "loader/tc.h"
 #include "maps/sluice_maps.h"
 
 namespace sluice {
@@ -37,23 +38,6 @@ const GuardHook kHooks[] = {
 
 std::string pinOf(const std::string& root, const char* name) {
   return root + "/" + SLUICE_PIN_NODE_LINKS_DIR + "/" + name;
-}
-
-// The tag (a hash of the instructions) of the program behind a link or a
-// program fd; "" when it cannot be read.
-std::string progTag(int progFd) {
-  struct bpf_prog_info info {};
-  __u32 len = sizeof(info);
-  if (bpf_obj_get_info_by_fd(progFd, &info, &len) != 0) return "";
-  return std::string(reinterpret_cast<const char*>(info.tag), sizeof(info.tag));
-}
-
-std::string linkedProgTag(int linkFd) {
-  struct bpf_link_info info {};
-  __u32 len = sizeof(info);
-  if (bpf_obj_get_info_by_fd(linkFd, &info, &len) != 0) return "";
-  Fd prog(bpf_prog_get_fd_by_id(info.prog_id));
-  return prog.valid() ? progTag(prog.get()) : "";
 }
 
 Status mountSecurityfs() {
@@ -156,7 +140,7 @@ Result<PodGuardReport> ensurePodGuard(const std::string& root) {
     const std::string pin = pinOf(root, h.pin);
     bpf_program* prog = h.prog(skel.get());
     Fd old(bpf_obj_get(pin.c_str()));
-    if (old.valid() && linkedProgTag(old.get()) == progTag(bpf_program__fd(prog))) continue;
+    if (old.valid() && linkedProgramTag(old.get()) == programTag(bpf_program__fd(prog))) continue;
     bpf_link* link = bpf_program__attach_lsm(prog);
     if (!link) return Error::fromErrno(errno, std::string("attach the pod guard's ") + h.pin);
     const std::string next = pin + "_next";  // bpffs refuses dots in names

@@ -268,7 +268,7 @@ Result<std::unique_ptr<PodPrograms>> PodPrograms::load(const std::string& root, 
     p->socketProgs_ = {};
     p->socketLoaded_ = false;
   }
-  SLUICE_TRY(migration->complete({p->pods, p->snatRev, p->layouts}));
+  SLUICE_TRY(migration->complete({p->pods, p->podAddrs, p->snatRev, p->layouts}));
   // The node programs last: their maps are the pod programs' (pinned by
   // name under the same root, so libbpf reuses them).
   p->host_ = host_tc__open_opts(&opts);

@@ -111,9 +111,8 @@ Result<std::string> nodeHookCgroup(const std::string& requested) {
   return requested;
 }
 
-Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::string& cgroupPath, PodPrograms& p,
-                                        bool replace) {
-  if (!p.socketLoaded()) return Error::msg("socket mode unavailable: " + p.socketError(), ENOTSUP);
+Result<NodeHooksReport> ensureCgroupLinks(const std::string& root, const std::string& cgroupPath,
+                                          const std::vector<NodeHook>& hooks, bool replace, const std::string& what) {
   auto cgId = cgroupIdOfPath(cgroupPath);
   SLUICE_TRY(cgId);
   Fd cg(::open(cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
@@ -125,19 +124,13 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
   auto undo = [&made] {
     for (const auto& pin : made) (void)detachPinned(pin);
   };
-  // The shared sk_lookup program first: a new connect6 may send IPv6 to
-  // [::1] in the port block only once the program that hands such a
-  // connection to the proxy runs (it leaves all else as before).
-  auto shared = ensureSharedLookup(p, replace);
-  SLUICE_TRY(shared);
-  if (*shared && replace) report.replaced++;
-  for (const auto& h : nodeHooks(p)) {
+  for (const auto& h : hooks) {
     std::string pin = nodeDir(root) + "/" + h.name;
     LinkState s = linkState(pin);
     if (s.pinned && s.type == BPF_LINK_TYPE_CGROUP && s.cgroupId != 0) {
       if (s.cgroupId != *cgId) {
         undo();
-        return Error::msg("the node hook " + h.name + " under " + root + " is attached at cgroup id " +
+        return Error::msg("the " + what + " " + h.name + " under " + root + " is attached at cgroup id " +
                               std::to_string(s.cgroupId) + ", not at " + cgroupPath + " (id " + std::to_string(*cgId) +
                               "); remove the pod state or use the same --cgroup",
                           EEXIST);
@@ -146,7 +139,7 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
         Fd link(bpf_obj_get(pin.c_str()));
         if (!link.valid() || bpf_link_update(link.get(), h.progFd, nullptr) != 0) {
           undo();
-          return Error::fromErrno(errno, "switch the node hook " + h.name + " to program " +
+          return Error::fromErrno(errno, "switch the " + what + " " + h.name + " to program " +
                                              std::to_string(programId(h.progFd)));
         }
         report.replaced++;
@@ -157,7 +150,7 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
     if (fd < 0) {
       int err = errno;
       undo();
-      return Error::fromErrno(err, "attach the node hook " + h.name + " at cgroup " + cgroupPath);
+      return Error::fromErrno(err, "attach the " + what + " " + h.name + " at cgroup " + cgroupPath);
     }
     Fd link(fd);
     if (Status st = pinLink(link.get(), pin); !st.ok()) {
@@ -168,50 +161,90 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
     report.attached++;
   }
   if (report.attached)
-    spdlog::info("socket mode: {} node hook(s) attached at cgroup {}, pinned under {}", report.attached, cgroupPath,
+    spdlog::info("{}: {} link(s) attached at cgroup {}, pinned under {}", what, report.attached, cgroupPath,
                  nodeDir(root));
   return report;
 }
 
-std::vector<std::string> checkNodeHooks(const std::string& root, const std::string& cgroupPath, const PodPrograms& p) {
+Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::string& cgroupPath, PodPrograms& p,
+                                        bool replace) {
+  if (!p.socketLoaded()) return Error::msg("socket mode unavailable: " + p.socketError(), ENOTSUP);
+  SLUICE_TRY(cgroupIdOfPath(cgroupPath));
+  // The shared sk_lookup program first: a new connect6 may send IPv6 to
+  // [::1] in the port block only once the program that hands such a
+  // connection to the proxy runs (it leaves all else as before).
+  auto shared = ensureSharedLookup(p, replace);
+  SLUICE_TRY(shared);
+  auto report = ensureCgroupLinks(root, cgroupPath, nodeHooks(p), replace, "socket mode node hook");
+  SLUICE_TRY(report);
+  if (*shared && replace) report->replaced++;
+  return report;
+}
+
+std::vector<std::string> checkCgroupLinks(const std::string& root, const std::string& cgroupPath,
+                                          const std::vector<std::string>& names, const std::string& what) {
   std::vector<std::string> out;
   auto cgId = cgroupIdOfPath(cgroupPath);
-  for (const auto& h : nodeHooks(p)) {
-    std::string pin = nodeDir(root) + "/" + h.name;
+  for (const auto& name : names) {
+    std::string pin = nodeDir(root) + "/" + name;
     LinkState s = linkState(pin);
     if (!s.pinned)
-      out.push_back("node hook " + h.name + " is not attached");
+      out.push_back(what + " " + name + " is not attached");
     else if (s.type != BPF_LINK_TYPE_CGROUP || s.cgroupId == 0)
-      out.push_back("node hook " + h.name + " is detached (its cgroup is gone)");
+      out.push_back(what + " " + name + " is detached (its cgroup is gone)");
     else if (cgId.ok() && s.cgroupId != *cgId)
-      out.push_back("node hook " + h.name + " is attached at another cgroup (id " + std::to_string(s.cgroupId) + ")");
+      out.push_back(what + " " + name + " is attached at another cgroup (id " + std::to_string(s.cgroupId) + ")");
   }
+  return out;
+}
+
+std::vector<std::string> checkNodeHooks(const std::string& root, const std::string& cgroupPath, const PodPrograms& p) {
+  std::vector<std::string> names;
+  for (const auto& h : nodeHooks(p)) names.push_back(h.name);
+  auto out = checkCgroupLinks(root, cgroupPath, names, "node hook");
   if (p.socketLoaded() && !p.skLookupProg.lookup(0)) out.push_back("the shared sk_lookup program is missing");
   return out;
 }
 
-bool nodeHooksComplete(const std::string& root, const PodPrograms& p) {
+bool nodeLinksPinned(const std::string& root, const std::vector<std::string>& names) {
   std::unique_ptr<DIR, int (*)(DIR*)> dir(::opendir(nodeDir(root).c_str()), ::closedir);
   if (!dir) return false;
   std::set<std::string> pinned;
   while (const dirent* e = ::readdir(dir.get())) pinned.insert(e->d_name);
-  for (const auto& h : nodeHooks(p))
-    if (!pinned.count(h.name)) return false;
-  return p.socketLoaded() && p.skLookupProg.lookup(0).has_value();
+  for (const auto& n : names)
+    if (!pinned.count(n)) return false;
+  return true;
 }
 
+Status detachNodeLink(const std::string& root, const std::string& name) { return detachPinned(nodeDir(root) + "/" + name); }
+
+bool nodeHooksComplete(const std::string& root, const PodPrograms& p) {
+  std::vector<std::string> names;
+  for (const auto& h : nodeHooks(p)) names.push_back(h.name);
+  return nodeLinksPinned(root, names) && p.socketLoaded() && p.skLookupProg.lookup(0).has_value();
+}
+
+// The socket mode's node hooks by pin name (nodeHooks() names them for
+// loaded programs), then the node's probe hook (loader/probe_hook.h).
+const char* const kSocketHookNames[] = {"connect4",     "connect6",     "sendmsg4",   "sendmsg6", "recvmsg4",    "recvmsg6",
+                                        "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress",
+                                        "sock_create"};
+const char* const kProbeHookNames[] = {"probe_connect4", "probe_connect6"};
+
 bool nodeHooksPinned(const std::string& root) {
+  // node_links/ holds the probe hook and the pod guard too: a socket hook's pin.
   struct stat st {};
-  return ::stat(nodeDir(root).c_str(), &st) == 0;
+  for (const char* n : kSocketHookNames)
+    if (::lstat((nodeDir(root) + "/" + n).c_str(), &st) == 0) return true;
+  return false;
 }
 
 Status removeNodeHooks(const std::string& root) {
-  static const char* const kNames[] = {"connect4",     "connect6",     "sendmsg4",   "sendmsg6", "recvmsg4",    "recvmsg6",
-                                       "getpeername4", "getpeername6", "getsockopt", "sockops",  "skb_ingress", "skb_egress",
-                                       "sock_create"};
   Status first;
-  for (const char* n : kNames) {
-    Status st = detachPinned(nodeDir(root) + "/" + n);
+  std::vector<const char*> names(std::begin(kSocketHookNames), std::end(kSocketHookNames));
+  names.insert(names.end(), std::begin(kProbeHookNames), std::end(kProbeHookNames));
+  for (const char* n : names) {
+    Status st = detachNodeLink(root, n);
     if (!st.ok() && first.ok()) first = st;
   }
   if (::rmdir(nodeDir(root).c_str()) != 0 && errno != ENOENT && first.ok())

@@ -59,10 +59,31 @@ bool nodeHooksComplete(const std::string& root, const PodPrograms& p);
 /// cgroup was removed), or at another cgroup than @p cgroupPath.
 std::vector<std::string> checkNodeHooks(const std::string& root, const std::string& cgroupPath, const PodPrograms& p);
 
-/// Whether any node hook is pinned under @p root.
+/// The node-wide cgroup links of @p hooks under @p root/node_links (shared
+/// by the socket mode's hooks and the probe hook, loader/probe_hook.h):
+/// attaches the missing ones at @p cgroupPath, pinned, all or nothing; with
+/// @p replace switches those running another program in place. Links at
+/// another cgroup: EEXIST. @p what names them in messages.
+Result<NodeHooksReport> ensureCgroupLinks(const std::string& root, const std::string& cgroupPath,
+                                          const std::vector<NodeHook>& hooks, bool replace, const std::string& what);
+
+/// Problems with the node links @p names under @p root (missing, detached,
+/// at another cgroup than @p cgroupPath), one line each naming @p what.
+std::vector<std::string> checkCgroupLinks(const std::string& root, const std::string& cgroupPath,
+                                          const std::vector<std::string>& names, const std::string& what);
+
+/// Whether every link of @p names is pinned under @p root/node_links (one
+/// directory read).
+bool nodeLinksPinned(const std::string& root, const std::vector<std::string>& names);
+
+/// Detaches and unpins node link @p name under @p root (absent: success).
+Status detachNodeLink(const std::string& root, const std::string& name);
+
+/// Whether any of the socket mode's node hooks is pinned under @p root.
 bool nodeHooksPinned(const std::string& root);
 
-/// Detaches and unpins every node hook under @p root (absent: success).
+/// Detaches and unpins every node hook under @p root, the socket mode's
+/// and the probe hook (absent: success).
 Status removeNodeHooks(const std::string& root);
 
 /// Takes pod @p cookie's own sk_lookup program (PodPrograms::skLookupStub:

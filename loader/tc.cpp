@@ -243,6 +243,21 @@ uint32_t programId(int progFd) {
   return info.id;
 }
 
+std::string programTag(int progFd) {
+  struct bpf_prog_info info {};
+  __u32 len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(progFd, &info, &len) != 0) return "";
+  return std::string(reinterpret_cast<const char*>(info.tag), sizeof(info.tag));
+}
+
+std::string linkedProgramTag(int linkFd) {
+  struct bpf_link_info info {};
+  __u32 len = sizeof(info);
+  if (bpf_obj_get_info_by_fd(linkFd, &info, &len) != 0) return "";
+  Fd prog(bpf_prog_get_fd_by_id(info.prog_id));
+  return prog.valid() ? programTag(prog.get()) : "";
+}
+
 uint32_t tcxProgramId(const std::string& pinPath) {
   if (!tcxAttached(pinPath)) return 0;
   int fd = bpf_obj_get(pinPath.c_str());

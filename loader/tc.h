@@ -84,6 +84,13 @@ bool legacyAttached(int ifindex, TcHook hook);
 /// The kernel's id of the program behind progFd (0 on error).
 uint32_t programId(int progFd);
 
+/// The tag (a hash of the instructions) of the program behind @p progFd:
+/// the same for two loads of the same program; "" when it cannot be read.
+std::string programTag(int progFd);
+
+/// The tag of the program a link (@p linkFd) runs; "" when it cannot be read.
+std::string linkedProgramTag(int linkFd);
+
 /// The id of the program a pinned tcx link runs (0: no attached link).
 uint32_t tcxProgramId(const std::string& pinPath);
 

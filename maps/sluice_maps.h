@@ -151,6 +151,7 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_PIN_DNS_NAT "dns_nat"
 #define SLUICE_PIN_PODS "pods"
 #define SLUICE_PIN_POD_ADDRS "pod_addrs"
+#define SLUICE_PIN_PROBE_STATS "probe_stats"
 /* Pins of earlier builds that a load removes once it has migrated them
  * (loader/migrate.cpp). snat_fwd: the forward half of probe SNAT state,
  * until snat_rev layout 2 kept one element per connection. */
@@ -190,7 +191,7 @@ SLUICE_STATIC_ASSERT(sizeof(struct sluice_proxy_cgroup) == 16, "sluice_proxy_cgr
 #define SLUICE_LAYOUT_SOCK_VERDICT 1
 #define SLUICE_LAYOUT_POD_LISTENERS 1
 #define SLUICE_LAYOUT_PODS 3 /* 2: identity and hand-off state; 3: capture mode */
-#define SLUICE_LAYOUT_POD_ADDRS 1
+#define SLUICE_LAYOUT_POD_ADDRS 2 /* 2: the node netns cookie */
 #define SLUICE_LAYOUT_SNAT_REV 2 /* 2: one element per connection, with its FIN
 				  * flags (they were in snat_fwd, now retired) */
 #define SLUICE_LAYOUT_SNAT_CLOSED 1
@@ -297,9 +298,19 @@ struct sluice_pod_addr {
 SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr) == 20, "sluice_pod_addr layout");
 
 struct sluice_pod_addr_info {
-	__u64 netns_cookie; /* the pod's counters in pod_stats */
+	__u64 netns_cookie;      /* the pod's counters in pod_stats */
+	__u64 node_netns_cookie; /* the netns whose sockets probe it (layout 2) */
 };
-SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr_info) == 8, "sluice_pod_addr_info layout");
+SLUICE_STATIC_ASSERT(sizeof(struct sluice_pod_addr_info) == 16, "sluice_pod_addr_info layout");
+
+/*
+ * The node's probe hook (bpf/node_probe.bpf.c): what it did, node-wide,
+ * in `probe_stats` (per-CPU array, one counter per index).
+ */
+#define SLUICE_PROBE_STAT_BOUND 0        /* sockets bound to the probe address */
+#define SLUICE_PROBE_STAT_APP_BOUND 1    /* already bound by their app: left as they are */
+#define SLUICE_PROBE_STAT_BIND_FAILED 2  /* bpf_bind failed (probe address missing): left as they are */
+#define SLUICE_PROBE_STATS 3
 
 /*
  * Probe SNAT state: one element per translated TCP connection, in snat_rev

@@ -36,7 +36,7 @@ class HostVethStep final : public Step {
     copyString(c.rec.host_iface.name, sizeof(c.rec.host_iface.name), host->name);
     c.rec.host_iface.ifindex = static_cast<__u32>(host->ifindex);
     c.rec.host_iface.accept_local_before = -1;
-    spdlog::info("pod {}: probe SNAT on host-side {} ({} address(es))", c.id, host->name, c.rec.addr_count);
+    spdlog::info("pod {}: probe source for {} address(es), host-side {}", c.id, c.rec.addr_count, host->name);
     return {};
   }
   Status undo(PodContext&) override { return {}; }  // the record goes with the pod

@@ -11,8 +11,10 @@
 namespace sluice {
 namespace {
 
-// The pod's addresses (Istio's probe ipset): host_egress translates probes
-// towards them. Only with a host-side interface (hostVethStep).
+// The pod's addresses (Istio's probe ipset): the node's probe hook
+// (bpf/node_probe.bpf.c) binds a socket of the node's netns connecting to
+// one of them to the probe address. Only with a host-side interface
+// (hostVethStep).
 class PodAddrsStep final : public Step {
  public:
   std::string what() const override { return std::string("addresses in ") + SLUICE_PIN_POD_ADDRS; }
@@ -25,8 +27,15 @@ class PodAddrsStep final : public Step {
       return {};
     }
     for (uint32_t i = 0; i < c.rec.addr_count; i++) SLUICE_TRY(claim(c, c.rec.addrs[i]));
-    for (uint32_t i = 0; i < c.rec.addr_count; i++)
-      SLUICE_TRY(c.programs->podAddrs.update(c.rec.addrs[i], sluice_pod_addr_info{c.rec.netns_cookie}));
+    for (uint32_t i = 0; i < c.rec.addr_count; i++) {
+      sluice_pod_addr_info info{c.rec.netns_cookie, c.rec.node_netns_cookie};
+      // Node netns 0: migrated from a build whose host-side programs still
+      // translate this pod's probes (loader/migrate.cpp); kept so.
+      if (auto have = c.programs->podAddrs.lookup(c.rec.addrs[i]);
+          have && have->netns_cookie == c.rec.netns_cookie && have->node_netns_cookie == 0)
+        info.node_netns_cookie = 0;
+      SLUICE_TRY(c.programs->podAddrs.update(c.rec.addrs[i], info));
+    }
     return {};
   }
   Status undo(PodContext& c) override {

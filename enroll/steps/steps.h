@@ -32,8 +32,11 @@ std::unique_ptr<Step> podConfigStep();
 std::unique_ptr<Step> podSockStep();
 /// The hand-off to the node proxy (PodContext::handoff).
 std::unique_ptr<Step> handoffStep();
-/// Probe SNAT: the pod's addresses in pod_addrs (Istio's probe ipset).
+/// The node side: the pod's addresses in pod_addrs (Istio's probe ipset),
+/// with the node netns whose sockets get the probe source towards them.
 std::unique_ptr<Step> podAddrsStep();
+/// The node's probe hook (cgroup connect4/connect6, once per node; undo leaves it).
+std::unique_ptr<Step> probeHookStep();
 
 // ---- in the pod's netns ----
 
@@ -56,8 +59,10 @@ std::unique_ptr<Step> proxyListenersStep();
 // ---- in the node netns ----
 
 /// Finds the pod's host-side veth and records it (none found in the
-/// caller's own netns: no probe SNAT, not an error).
+/// caller's own netns: no probe source, not an error).
 std::unique_ptr<Step> hostVethStep();
+/// The probe addresses on the node's lo (shared by the node's pods; undo leaves them).
+std::unique_ptr<Step> probeAddrsStep();
 
 // ---- TC hooks, pod side or host side ----
 

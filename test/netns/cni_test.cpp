@@ -303,7 +303,7 @@ TEST_P(CniMode, BridgeThenSluiceRedirectsAndDelCleansUp) {
   EXPECT_EQ(ev[0].detail, "upstream ok") << describe(ev);
 
   // Rule 10: a connection from a node-local socket to the pod arrives from
-  // the probe address (host_egress on the bridge port).
+  // the probe address (bound to it at connect() by the node's probe hook).
   auto app = TcpServer::start(pod_, Endpoint::of(podIp(), 0));
   ASSERT_TRUE(app.ok()) << app.error().message;
   {

@@ -1,13 +1,14 @@
 // sluice among other programs on the same hooks (loader/tc.h,
 // bpf/lib/verdict.h), tcx and legacy, IPv4 and IPv6: a foreign program of
 // the test's own (foreign_tc.bpf.c: counts what it sees by protocol and
-// ports) on every hook sluice uses -- the pod's eth0 ingress and egress, its
-// lo egress, and the host-side veth's egress and ingress (probe SNAT).
+// ports) on every TC hook sluice uses -- the pod's eth0 ingress and egress
+// and its lo egress. The host-side veth has none of sluice's (the node's
+// probes get their source at connect(), bpf/node_probe.bpf.c).
 //
-//   node netns                                   pod netns (enrolled, stand-in, app)
-//   vethpod  egress: [sluice host_egress][foreign]  --->  eth0 ingress: [sluice][foreign]
-//            ingress: [sluice host_ingress][foreign] <--- eth0 egress:  [sluice][foreign]
-//                                                         lo egress:    [sluice][foreign]
+//   node netns                       pod netns (enrolled, stand-in, app)
+//   vethpod  ------------------>  eth0 ingress: [sluice][foreign]
+//           <------------------   eth0 egress:  [sluice][foreign]
+//                                 lo egress:    [sluice][foreign]
 //
 // - A foreign program attached *before* enrollment that ends the chain (as a
 //   CNI that passes what it allows) must not keep sluice from running:
@@ -155,9 +156,7 @@ class Neighbours : public ::testing::TestWithParam<NeighbourParam> {
   };
   static constexpr Hook kHooks[] = {{"pod eth0 ingress", true, "eth0", TcHook::Ingress},
                                     {"pod eth0 egress", true, "eth0", TcHook::Egress},
-                                    {"pod lo egress", true, "lo", TcHook::Egress},
-                                    {"host veth egress", false, "vethpod", TcHook::Egress},
-                                    {"host veth ingress", false, "vethpod", TcHook::Ingress}};
+                                    {"pod lo egress", true, "lo", TcHook::Egress}};
 
   /// A foreign program on every hook. legacyPriority 1 with handle 1 is
   /// what Cilium uses (sluice then shares priority 1 with it).
@@ -172,19 +171,18 @@ class Neighbours : public ::testing::TestWithParam<NeighbourParam> {
 
   int otherFamily() const { return family() == AF_INET ? AF_INET6 : AF_INET; }
 
-  /// Enrolls the pod with its node side (probe SNAT on vethpod) and starts
-  /// the stand-in. Probe SNAT is registered for the pod's address of the
-  /// other family only: every socket of the node is a prober to the
-  /// addresses SNAT knows, so the node reaches the proxy's inbound capture
-  /// through this family and the probe path through the other one (both
-  /// cross the same five hooks).
+  /// Enrolls the pod with its node side and starts the stand-in. The probe
+  /// source is registered for the pod's address of the other family only:
+  /// every socket of the node is a prober to the addresses registered, so
+  /// the node reaches the proxy's inbound capture through this family and
+  /// the probe path through the other one (both cross the same hooks).
   void enrollWithProxy() {
     PodSpec spec;
     spec.nodeNetnsPath = h_->node().path();
     spec.ips = {PodTopology::podAddr(otherFamily())};
     auto info = h_->enroll(spec);
     ASSERT_TRUE(info.ok()) << info.error().message;
-    ASSERT_FALSE(info->hostIface.empty()) << "probe SNAT not attached";
+    ASSERT_FALSE(info->hostIface.empty()) << "no node side";
     Status st = h_->startStandIn(testStandInConfig());
     ASSERT_TRUE(st.ok()) << st.error().message;
   }
@@ -258,8 +256,6 @@ TEST_P(Neighbours, ForeignProgramAfterSluiceSeesWhatSluicePasses) {
   ASSERT_TRUE(udpExchange(h_->pod(), (*udpEcho)->local(), "plain").ok());
   EXPECT_GE(at("pod eth0 egress").seen(udp, 0, udpPort), 1u);
   EXPECT_GE(at("pod eth0 ingress").seen(udp, udpPort, 0), 1u);
-  EXPECT_GE(at("host veth ingress").seen(udp, 0, udpPort), 1u);
-  EXPECT_GE(at("host veth egress").seen(udp, udpPort, 0), 1u);
 
   // Rule 3: the DNS answer, translated on lo, goes on to the next program
   // with the resolver's port as its source.
@@ -284,8 +280,8 @@ TEST_P(Neighbours, ForeignProgramAfterSluiceSeesWhatSluicePasses) {
   EXPECT_EQ(at("pod eth0 egress").seen(tcp, appSport, serverPort), 0u) << "a looped packet reached the next program";
   EXPECT_GE(at("pod eth0 egress").seen(tcp, 0, serverPort), 1u) << "the proxy's own connection";
 
-  // Rule 10 (other family): the probe, translated on the host veth, goes
-  // on both ways.
+  // Rule 10 (other family): the probe, from the probe address (bound at
+  // connect()), passes the pod's hooks on to the next program both ways.
   const uint16_t probePort = (*probeApp)->port();
   auto probe = tcpConnect(h_->node(), Endpoint::of(PodTopology::podAddr(otherFamily()), probePort));
   ASSERT_TRUE(probe.ok()) << probe.error().message;
@@ -293,8 +289,8 @@ TEST_P(Neighbours, ForeignProgramAfterSluiceSeesWhatSluicePasses) {
   ASSERT_TRUE((*probeApp)->waitForAccepts(1, kIoTimeout));
   EXPECT_EQ((*probeApp)->peers().back().ip(), PodTopology::probeAddr(otherFamily()));
   const uint16_t proberPort = localOf(probe->get()).port();
-  EXPECT_GE(at("host veth egress").seen(tcp, proberPort, probePort), 1u) << "the translated probe";
-  EXPECT_GE(at("host veth ingress").seen(tcp, probePort, proberPort), 1u) << "the reply translated back";
+  EXPECT_GE(at("pod eth0 ingress").seen(tcp, proberPort, probePort), 1u) << "the probe";
+  EXPECT_GE(at("pod eth0 egress").seen(tcp, probePort, proberPort), 1u) << "the reply";
 }
 
 // Someone puts a program that ends the chain in front of sluice's after
@@ -308,8 +304,7 @@ TEST_P(Neighbours, SweepPutsSluiceFirstAgain) {
   enrollWithProxy();
   if (HasFatalFailure()) return;
   PodPrograms& progs = h_->datapath().programs();
-  const int progOf[] = {progs.ingressFd(), progs.egressFd(), progs.loEgressFd(), progs.hostEgressFd(),
-                        progs.hostIngressFd()};
+  const int progOf[] = {progs.ingressFd(), progs.egressFd(), progs.loEgressFd()};
   if (mode() == TcMode::Tcx) {
     attachForeign(kPass, 0, /*front=*/true);
   } else {

@@ -83,8 +83,8 @@ enum class Kind {
   PodSock,
   Handoff,
   HostVeth,
-  TcHostEgress,
-  TcHostIngress,
+  ProbeAddrs,
+  ProbeHook,
   PodAddrs,
 };
 
@@ -127,8 +127,8 @@ std::vector<Row> expectedPlan(bool socket) {
   if (socket) p.push_back({Kind::PodSock, "pod_sock", std::string("entry in ") + SLUICE_PIN_POD_SOCK});
   p.push_back({Kind::Handoff, "handoff", "hand-off to the node proxy"});
   p.push_back({Kind::HostVeth, "host_veth", "host-side veth"});
-  p.push_back({Kind::TcHostEgress, "tc_host_egress", "TC egress hook on the host-side veth"});
-  p.push_back({Kind::TcHostIngress, "tc_host_ingress", "TC ingress hook on the host-side veth"});
+  p.push_back({Kind::ProbeAddrs, "probe_addrs", "probe addresses on the node's lo"});
+  p.push_back({Kind::ProbeHook, "probe_hook", "node probe hook"});
   p.push_back({Kind::PodAddrs, "pod_addrs", std::string("addresses in ") + SLUICE_PIN_POD_ADDRS});
   return p;
 }
@@ -151,8 +151,7 @@ std::vector<StepCase> allCases() {
 }
 
 bool isTcHook(Kind k) {
-  return k == Kind::TcPodIngress || k == Kind::TcPodEgress || k == Kind::TcLoEgress || k == Kind::TcHostEgress ||
-         k == Kind::TcHostIngress;
+  return k == Kind::TcPodIngress || k == Kind::TcPodEgress || k == Kind::TcLoEgress;
 }
 
 std::string stateName(StepState s) {
@@ -373,13 +372,11 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
       case Kind::TcPodIngress: return {&topo_.pod(), ifaceName(ctx().rec.ifaces[0]), TcHook::Ingress};
       case Kind::TcPodEgress: return {&topo_.pod(), ifaceName(ctx().rec.ifaces[0]), TcHook::Egress};
       case Kind::TcLoEgress: return {&topo_.pod(), "lo", TcHook::Egress};
-      case Kind::TcHostEgress: return {&topo_.node(), "vethpod", TcHook::Egress};
-      default: return {&topo_.node(), "vethpod", TcHook::Ingress};
+      default: return {&topo_.pod(), "lo", TcHook::Egress};
     }
   }
   std::string pinOf(Kind k) {
     Iface f = ifaceOf(k);
-    if (k == Kind::TcHostEgress || k == Kind::TcHostIngress) return hostPin(ctx().linkDir, f.name, f.hook);
     return tcxPin(ctx().linkDir, f.name, f.hook);
   }
 
@@ -448,6 +445,7 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
     auto v = topo_.pod().sysctl(key);
     return v.ok() ? *v : "error: " + v.error().message;
   }
+  std::string probeHookDir() { return bpffs_.root() + "/" + SLUICE_PIN_NODE_LINKS_DIR + "/"; }
   size_t podAddrsOwned() {
     size_t n = 0;
     for (uint32_t i = 0; i < ctx().rec.addr_count; i++)
@@ -487,6 +485,13 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
       case Kind::Handoff: return ctx().rec.handoff.state == SLUICE_HANDOFF_ACKED;
       case Kind::HostVeth: return ifaceName(ctx().rec.host_iface) == "vethpod" && ctx().rec.host_iface.ifindex != 0;
       case Kind::PodAddrs: return ctx().rec.addr_count > 0 && podAddrsOwned() == ctx().rec.addr_count;
+      case Kind::ProbeAddrs: {
+        const std::string lo = ipOut(topo_.node(), "addr show dev lo");
+        return lo.find("169.254.7.127/32") != std::string::npos &&
+               lo.find("fd16:9254:7127:1337:ffff:ffff:ffff:ffff/128") != std::string::npos;
+      }
+      case Kind::ProbeHook:
+        return pathExists(probeHookDir() + "probe_connect4") && pathExists(probeHookDir() + "probe_connect6");
       case Kind::ProgramState: return true;  // nothing of its own (see its test)
       default: return tcPrograms(ifaceOf(k)) == 1;
     }
@@ -529,8 +534,7 @@ class PlanStepTest : public ::testing::TestWithParam<StepCase> {
   std::string keyword(Kind k) {
     if (isTcHook(k)) {
       Iface f = ifaceOf(k);
-      const bool host = k == Kind::TcHostEgress || k == Kind::TcHostIngress;
-      return std::string("no program attached at ") + (host ? "host-side " : "") + f.name + " " + tcHookName(f.hook);
+      return std::string("no program attached at ") + f.name + " " + tcHookName(f.hook);
     }
     switch (k) {
       case Kind::Registry: return std::string("no record in ") + SLUICE_PIN_PODS;
@@ -609,8 +613,11 @@ TEST_P(PlanStepTest, ApplyUndoUndoRepair) {
   c = check(s);
   switch (k) {
     case Kind::NodeHooks:
-      // The node's, shared by every socket-mode pod: a pod's undo leaves
-      // them (the bpffs root's removal takes them in this test).
+    case Kind::ProbeHook:
+    case Kind::ProbeAddrs:
+      // The node's, shared by every pod (socket-mode pods for NodeHooks,
+      // pods with a node side for the others): a pod's undo leaves them
+      // (the bpffs root's and the node netns' removal take them here).
       EXPECT_EQ(c.state, StepState::InPlace) << describe(c);
       EXPECT_TRUE(made(k)) << "a pod's undo took the node's hooks";
       break;
@@ -896,6 +903,19 @@ TEST_P(PlanStepTest, ApplyUndoUndoRepair) {
       EXPECT_TRUE(made(k));
       break;
     }
+    case Kind::ProbeHook:
+      damaged("one link unpinned", [&]() -> Status {
+        if (::unlink((probeHookDir() + "probe_connect4").c_str()) != 0) return Error::fromErrno(errno, "unlink");
+        return {};
+      });
+      damaged("one link detached behind its pin", [&] { return detachBehindPin(probeHookDir() + "probe_connect6"); });
+      break;
+    case Kind::ProbeAddrs:
+      damaged("the IPv4 address deleted", [&] { return shOk("ip -n " + topo_.node().name() + " addr del 169.254.7.127/32 dev lo"); });
+      damaged("the IPv6 address deleted", [&] {
+        return shOk("ip -n " + topo_.node().name() + " addr del fd16:9254:7127:1337:ffff:ffff:ffff:ffff/128 dev lo");
+      });
+      break;
     case Kind::PodAddrs: {
       ASSERT_GE(ctx().rec.addr_count, 2u) << "the pod has an IPv4 and an IPv6 address";
       damaged("one address erased", [&] { return maps().podAddrs.erase(ctx().rec.addrs[1]); });
@@ -912,7 +932,7 @@ TEST_P(PlanStepTest, ApplyUndoUndoRepair) {
         });
         // The interface's first hook (the one that made the clsact qdisc):
         // the qdisc gone with it (a later hook's would take the earlier's filter).
-        if (k == Kind::TcPodIngress || k == Kind::TcLoEgress || k == Kind::TcHostEgress)
+        if (k == Kind::TcPodIngress || k == Kind::TcLoEgress)
           damaged("the clsact qdisc deleted", [&] {
             return shOk("tc -n " + f.ns->name() + " qdisc del dev " + f.name + " clsact");
           });

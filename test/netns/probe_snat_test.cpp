@@ -61,6 +61,7 @@
 #include <vector>
 
 #include "loader/netns.h"
+#include "loader/probe_hook.h"
 #include "test/common/probe_topology.h"
 #include "test/common/topology.h"
 
@@ -198,7 +199,8 @@ Status carries(int from, int to, const std::string& text) {
 /// Datapath, the namespaces, and last the bpffs root.
 class ProbeEnv {
  public:
-  ProbeEnv(TcMode mode, CniKind kind) : mode_(mode), topo_(kind) {}
+  ProbeEnv(TcMode mode, CniKind kind, CaptureMode capture = CaptureMode::Tc)
+      : mode_(mode), capture_(capture), topo_(kind) {}
   ~ProbeEnv() {
     for (auto& p : proxies_) p->stop();
     apps_.clear();
@@ -216,7 +218,7 @@ class ProbeEnv {
     DatapathOptions o;
     o.bpffsRoot = bpffs_.root();
     o.tcMode = mode_;
-    o.capture = CaptureMode::Tc;  // the pod's side in the mode the test is named for
+    o.capture = capture_;  // the pod's side in the mode the test is named for (TC unless said)
     if (snatEntries_) o.snatEntries = snatEntries_;
     auto dp = Datapath::open(o);
     SLUICE_TRY(dp);
@@ -286,6 +288,7 @@ class ProbeEnv {
 
  private:
   TcMode mode_;
+  CaptureMode capture_;
   TestBpffs bpffs_;
   ProbeTopology topo_;
   std::unique_ptr<Datapath> dp_;
@@ -386,13 +389,9 @@ class ProbeSnat : public ::testing::TestWithParam<Param> {
     const Endpoint self = localOf(p.prober.get());
     EXPECT_EQ(peerOf(p.pod.get()).str(), Endpoint::of(probeIp(), self.port()).str())
         << "the pod sees the probe address and the prober's own port";
+    EXPECT_EQ(self.ip(), probeIp()) << "the node's socket is bound to the probe address at connect()";
     EXPECT_EQ(peerOf(p.prober.get()).str(), Endpoint::of(podIp(), port).str()) << "an ordinary connection";
-    auto cookie = pod_->ns->cookie();
-    SLUICE_TRY(cookie);
-    const std::string want = "\n  " + podIp() + ":" + std::to_string(port) + " -> " + probeIp() + ":" +
-                             std::to_string(self.port()) + " => " + self.ip() + ":" + std::to_string(self.port()) +
-                             " flags=0 cookie=" + std::to_string(*cookie);
-    EXPECT_EQ(dumpSnat(env_->maps().snatRev), want) << snatState();
+    EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << "no state per connection" << snatState();
     return p;
   }
 
@@ -449,8 +448,8 @@ TEST_P(ProbeSnat, Rule10NodeProbeReachesAppFromProbeAddress) {
   ASSERT_EQ(peers.size(), 1u);
   EXPECT_EQ(peers[0].ip(), probeIp()) << "prober's own address " << localOf(c->get()).str() << snatState();
   EXPECT_EQ(peers[0].port(), localOf(c->get()).port()) << "the probe keeps the prober's port";
-  // While the connection is open, its translation is in the maps.
-  EXPECT_EQ(env_->maps().snatRev.keys().size(), 1u) << "one element per connection" << snatState();
+  EXPECT_EQ(localOf(c->get()).ip(), probeIp()) << "bound to the probe address at connect(), not translated";
+  EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << "no state per connection" << snatState();
   // Delivered to the app directly: the proxy saw nothing.
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
@@ -550,65 +549,82 @@ TEST_P(ProbeSnat, Rule11OtherPodTrafficIsCapturedNotTranslated) {
   EXPECT_EQ(env_->stats(podId()).probe_conns, 0u) << snatState();
 }
 
-// Rule 10, second sentence: two probers with different node addresses and
-// the same source port, at the same time, to the same pod IP:port.
+// Rule 10, second sentence: probers at the same time to the same pod
+// IP:port never collide on the probe address. Their sockets are bound to it
+// at connect() with port 0, so the kernel picks each one's port, unique for
+// the 4-tuple: 32 probers connecting at once all get through, each from its
+// own port, and the app sees each one's own.
 //
-//   192.168.201.1:P ─┐                    ┌─ 169.254.7.127:P  ─┐
-//                    ├─▶ host_egress ─────┤                    ├─▶ app :8080
-//   192.168.201.3:P ─┘                    └─ 169.254.7.127:P' ─┘   (P' != P)
+//   prober i: connect(pod:8080) ─▶ bind(169.254.7.127:0) ─▶ 169.254.7.127:P_i ─▶ app :8080
 TEST_P(ProbeSnat, Rule10TwoProbersSamePortDoNotCollide) {
   enrollWithProxyAndApp();
   if (HasFatalFailure()) return;
-  const uint16_t port = 45678;
-  std::vector<Endpoint> binds = {Endpoint::of(ProbeTopology::nodeAddr(family()), port),
-                                 Endpoint::of(ProbeTopology::node2Addr(family()), port)};
+  constexpr size_t kProbers = 32;
 
-  // Both connect() calls are issued before either completes.
+  // Every connect() call is issued before any completes.
   std::vector<Fd> socks;
-  for (const auto& b : binds) {
+  Endpoint dst = appEp();
+  for (size_t i = 0; i < kProbers; i++) {
     auto s = socketIn(env_->node(), family(), SOCK_STREAM);
     ASSERT_TRUE(s.ok()) << s.error().message;
-    int one = 1;
-    ASSERT_EQ(::setsockopt(s->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
-    ASSERT_EQ(::bind(s->get(), b.raw(), b.len), 0) << "bind " << b.str() << ": " << std::strerror(errno);
     ASSERT_EQ(::fcntl(s->get(), F_SETFL, ::fcntl(s->get(), F_GETFL) | O_NONBLOCK), 0);
+    int rc = ::connect(s->get(), dst.raw(), dst.len);
+    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
     socks.push_back(std::move(*s));
   }
-  Endpoint dst = appEp();
-  for (auto& s : socks) {
-    int rc = ::connect(s.get(), dst.raw(), dst.len);
-    ASSERT_TRUE(rc == 0 || errno == EINPROGRESS) << std::strerror(errno);
-  }
+  std::set<std::string> locals;
   for (size_t i = 0; i < socks.size(); i++) {
     pollfd p{socks[i].get(), POLLOUT, 0};
-    ASSERT_EQ(::poll(&p, 1, static_cast<int>(kIoTimeout.count())), 1) << "prober " << binds[i].str() << " timed out"
-                                                                    << snatState();
+    ASSERT_EQ(::poll(&p, 1, static_cast<int>(kIoTimeout.count())), 1) << "prober " << i << " timed out" << snatState();
     int err = 0;
     socklen_t len = sizeof(err);
     ::getsockopt(socks[i].get(), SOL_SOCKET, SO_ERROR, &err, &len);
-    ASSERT_EQ(err, 0) << "prober " << binds[i].str() << ": " << std::strerror(err) << snatState();
+    ASSERT_EQ(err, 0) << "prober " << i << ": " << std::strerror(err) << snatState();
     ASSERT_EQ(::fcntl(socks[i].get(), F_SETFL, ::fcntl(socks[i].get(), F_GETFL) & ~O_NONBLOCK), 0);
-    EXPECT_EQ(localOf(socks[i].get()).str(), binds[i].str());
+    EXPECT_EQ(localOf(socks[i].get()).ip(), probeIp());
+    locals.insert(localOf(socks[i].get()).str());
   }
+  EXPECT_EQ(locals.size(), kProbers) << "two probers share a port";
   for (size_t i = 0; i < socks.size(); i++) {
     std::string msg = "prober-" + std::to_string(i);
     auto echoed = echoRoundTrip(socks[i].get(), msg);
-    ASSERT_TRUE(echoed.ok()) << binds[i].str() << ": " << echoed.error().message << snatState();
-    EXPECT_EQ(*echoed, msg);
+    ASSERT_TRUE(echoed.ok()) << i << ": " << echoed.error().message << snatState();
+    EXPECT_EQ(*echoed, msg) << "prober " << i << " got another prober's data";
   }
 
-  ASSERT_TRUE(app_->waitForAccepts(2, kIoTimeout)) << snatState();
-  auto peers = app_->peers();
-  ASSERT_EQ(peers.size(), 2u);
-  EXPECT_EQ(peers[0].ip(), probeIp());
-  EXPECT_EQ(peers[1].ip(), probeIp());
-  EXPECT_NE(peers[0].port(), peers[1].port()) << snatState();
-  EXPECT_TRUE(peers[0].port() == port || peers[1].port() == port)
-      << "the first probe keeps its own port: " << peers[0].str() << " " << peers[1].str();
-  std::cout << "[ probers  ] app saw " << peers[0].str() << " and " << peers[1].str() << "\n";
-  EXPECT_EQ(env_->maps().snatRev.keys().size(), 2u) << snatState();
-  EXPECT_EQ(env_->stats(podId()).probe_conns, 2u);
+  ASSERT_TRUE(app_->waitForAccepts(kProbers, kIoTimeout)) << snatState();
+  std::set<std::string> seen;
+  for (const auto& p : app_->peers()) seen.insert(p.str());
+  EXPECT_EQ(seen, locals) << "the app sees each prober's own address and port";
+  EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
+  EXPECT_EQ(env_->stats(podId()).probe_conns, kProbers);
   EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
+}
+
+// A node socket its app bound before connect() (an address and a port) is
+// not rebound: the kernel cannot move a bound socket. It keeps its own
+// address, is counted in probe_stats (app_bound), and reaches the pod like
+// forwarded traffic: captured by the pod's proxy, never let past it.
+TEST_P(ProbeSnat, Rule10AppBoundProberKeepsItsAddressAndIsCaptured) {
+  enrollWithProxyAndApp();
+  if (HasFatalFailure()) return;
+  const auto before = probeHookStats(env_->bpffs().root());
+  const Endpoint bindTo = Endpoint::of(ProbeTopology::node2Addr(family()), 0);
+  auto s = socketIn(env_->node(), family(), SOCK_STREAM);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  ASSERT_EQ(::bind(s->get(), bindTo.raw(), bindTo.len), 0) << std::strerror(errno);
+  Endpoint dst = appEp();
+  ASSERT_EQ(::connect(s->get(), dst.raw(), dst.len), 0) << std::strerror(errno);
+  EXPECT_EQ(localOf(s->get()).ip(), ProbeTopology::node2Addr(family()));
+  auto echoed = echoRoundTrip(s->get(), "bound");
+  ASSERT_TRUE(echoed.ok()) << echoed.error().message;
+  EXPECT_EQ(*echoed, "bound");
+  auto inbound = eventsOf(proxy_, "inbound");
+  ASSERT_EQ(inbound.size(), 1u) << describeEvents(proxy_);
+  EXPECT_EQ(inbound[0].peer, localOf(s->get()).str());
+  const auto after = probeHookStats(env_->bpffs().root());
+  EXPECT_EQ(after[SLUICE_PROBE_STAT_APP_BOUND], before[SLUICE_PROBE_STAT_APP_BOUND] + 1);
+  EXPECT_EQ(env_->stats(podId()).probe_conns, 0u);
 }
 
 // Removing the pod gives plain behaviour back at once and leaves nothing of
@@ -631,14 +647,11 @@ TEST_P(ProbeSnat, RemovePodRestoresPlainProbesAndLeavesNothing) {
   EXPECT_EQ(app_->peers()[0].ip(), probeIp());
   EXPECT_TRUE(env_->maps().podAddrs.lookup(podAddrKey(pod_->v4)));
   EXPECT_TRUE(env_->maps().podAddrs.lookup(podAddrKey(pod_->v6)));
-  EXPECT_EQ(entriesOfCookie(env_->maps().snatRev, *cookie), 1u) << snatState();
-  if (mode() == TcMode::Tcx) {
-    auto pins = entriesWithPrefix(dir, "host_");
-    EXPECT_EQ(pins.size(), 2u) << join(pins);
-    EXPECT_EQ(tcxProgCount(env_->node(), pod_->hostIface).value(), 2u);
-  } else {
-    EXPECT_NE(qdiscOf(env_->node(), pod_->hostIface).find("clsact"), std::string::npos);
-  }
+  EXPECT_EQ(entriesOfCookie(env_->maps().snatRev, *cookie), 0u) << snatState();
+  // Nothing per pod on the host-side veth: the node's probe hook does it.
+  EXPECT_TRUE(entriesWithPrefix(dir, "host_").empty());
+  EXPECT_EQ(tcxProgCount(env_->node(), pod_->hostIface).value(), 0u);
+  EXPECT_EQ(qdiscOf(env_->node(), pod_->hostIface).find("clsact"), std::string::npos);
 
   Status st = env_->remove(id);
   ASSERT_TRUE(st.ok()) << st.error().message;
@@ -744,7 +757,6 @@ TEST_P(ProbeSnat, KernelAnswerWithoutSocketIsTranslated) {
   if (HasFatalFailure()) return;
   auto p = ownProbe(8081);
   ASSERT_TRUE(p.ok()) << p.error().message << snatState();
-  ASSERT_EQ(env_->maps().snatRev.keys().size(), 1u) << snatState();
 
   int one = 1;
   ASSERT_EQ(::setsockopt(p->prober.get(), IPPROTO_TCP, TCP_REPAIR, &one, sizeof(one)), 0) << std::strerror(errno);
@@ -759,91 +771,6 @@ TEST_P(ProbeSnat, KernelAnswerWithoutSocketIsTranslated) {
   EXPECT_EQ(err, ECONNRESET) << "the pod's socket was not reset (" << std::strerror(err)
                              << "): the node's RST left untranslated" << snatState();
   EXPECT_TRUE(eventually([&] { return env_->maps().snatRev.keys().empty(); }, kIoTimeout)) << snatState();
-}
-
-// Probe SNAT under pressure (issue 13, item 6): three times more live probe
-// connections than snat_rev holds, from two node addresses with the same
-// source ports (so that translated ports collide and the second prober of a
-// port gets another one). The LRU map evicts connections, and an evicted
-// connection cannot work any more; what must hold is that a connection is
-// evicted whole: every connection with an element carries data both ways to
-// the right prober (one element holds both directions, so none is
-// translated one way and not the other), no prober ever gets another's data,
-// and no translated port is held by two elements.
-TEST_P(ProbeSnat, MoreLiveProbesThanTheMapHoldsNeverPartWays) {
-  constexpr uint32_t kCapacity = 128;
-  constexpr int kPerAddr = 3 * kCapacity / 2;
-  env_ = std::make_unique<ProbeEnv>(mode(), kind());
-  ASSERT_TRUE(env_->topo().ok()) << env_->topo().error();
-  auto pod = env_->topo().addPod();
-  ASSERT_TRUE(pod.ok()) << pod.error().message;
-  pod_ = *pod;
-  env_->setSnatEntries(kCapacity);
-  enrollWithProxyAndApp();
-  if (HasFatalFailure()) return;
-  struct bpf_map_info info = {};
-  __u32 infoLen = sizeof(info);
-  ASSERT_EQ(bpf_obj_get_info_by_fd(env_->maps().snatRev.fd(), &info, &infoLen), 0);
-  ASSERT_EQ(info.max_entries, kCapacity) << "snat_rev's capacity";
-
-  struct Conn {
-    Fd fd;
-    Endpoint local;
-    std::string msg;
-  };
-  std::vector<Conn> conns;
-  const Endpoint dst = appEp();
-  const uint16_t firstPort = 40000;
-  for (int i = 0; i < kPerAddr; i++)
-    for (const auto& addr : {ProbeTopology::nodeAddr(family()), ProbeTopology::node2Addr(family())}) {
-      auto s = socketIn(env_->node(), family(), SOCK_STREAM);
-      ASSERT_TRUE(s.ok()) << s.error().message;
-      int one = 1;
-      ASSERT_EQ(::setsockopt(s->get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)), 0);
-      Endpoint b = Endpoint::of(addr, static_cast<uint16_t>(firstPort + i));
-      ASSERT_EQ(::bind(s->get(), b.raw(), b.len), 0) << "bind " << b.str() << ": " << std::strerror(errno);
-      ASSERT_EQ(::connect(s->get(), dst.raw(), dst.len), 0)
-          << "connection " << conns.size() << " from " << b.str() << ": " << std::strerror(errno);
-      conns.push_back({std::move(*s), b, "conn-" + std::to_string(conns.size())});
-    }
-
-  // The elements left: unique translated ports, each held by one of ours.
-  std::map<std::string, uint16_t> xportOf;  // prober endpoint -> translated port
-  std::set<uint16_t> xports;
-  for (const auto& k : env_->maps().snatRev.keys()) {
-    auto v = env_->maps().snatRev.lookup(k);
-    if (!v) continue;  // evicted meanwhile
-    std::string prober = Endpoint::of(addrText(v->addr, k.family), ntohs(v->port)).str();
-    EXPECT_TRUE(xports.insert(ntohs(k.dport)).second) << "translated port " << ntohs(k.dport) << " held twice"
-                                                      << snatState();
-    EXPECT_TRUE(xportOf.emplace(prober, ntohs(k.dport)).second) << prober << " has two elements";
-  }
-  EXPECT_LE(xportOf.size(), size_t{kCapacity});
-  EXPECT_GT(xportOf.size(), size_t{0}) << "the newest connections keep their elements";
-  for (const auto& [prober, x] : xportOf)
-    EXPECT_TRUE(std::any_of(conns.begin(), conns.end(), [&](const Conn& c) { return c.local.str() == prober; }))
-        << "an element for " << prober << ", which is none of the probers";
-
-  // Every connection tries a round trip; those with an element must work.
-  int working = 0, broken = 0;
-  for (auto& c : conns) {
-    auto echoed = echoRoundTrip(c.fd.get(), c.msg, 500ms);
-    bool live = xportOf.count(c.local.str()) != 0;
-    if (echoed.ok()) {
-      EXPECT_EQ(*echoed, c.msg) << c.local.str() << " got another prober's data" << snatState();
-      working++;
-    } else {
-      broken++;
-      EXPECT_FALSE(live) << c.local.str() << " has an element (translated port " << xportOf[c.local.str()]
-                         << ") but no working connection: " << echoed.error().message;
-    }
-  }
-  std::cout << "[ pressure ] " << conns.size() << " live probes, capacity " << kCapacity << ": " << xportOf.size()
-            << " elements, " << working << " connections working, " << broken << " evicted\n";
-  EXPECT_GE(working, static_cast<int>(xportOf.size()));
-  // The app saw every accepted connection from the probe address.
-  for (const auto& p : app_->peers()) EXPECT_EQ(p.ip(), probeIp());
-  EXPECT_TRUE(eventsOf(proxy_, "inbound").empty()) << describeEvents(proxy_);
 }
 
 // The other close order: the app closes first (its FIN comes in through
@@ -988,7 +915,7 @@ TEST_P(ProbeSnat, ConnectionFromBeforeEnrollmentIsLeftAlone) {
   EXPECT_EQ(peers[0].str(), localOf(early->get()).str());
   EXPECT_EQ(peers[1].ip(), probeIp());
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
-  EXPECT_EQ(env_->maps().snatRev.keys().size(), 1u) << snatState();
+  EXPECT_TRUE(env_->maps().snatRev.keys().empty()) << snatState();
 }
 
 // Two pods on one node: each probe is counted for the pod it went to, and
@@ -1017,6 +944,53 @@ TEST_P(ProbeSnat, TwoPodsCountTheirOwnProbes) {
   for (const auto& p : (*app2)->peers()) EXPECT_EQ(p.ip(), probeIp());
   EXPECT_EQ(env_->stats(podId()).probe_conns, 1u);
   EXPECT_EQ(env_->stats(pod2.ns->name()).probe_conns, 3u);
+}
+
+// Issue 31: enrolling a pod's node side attaches nothing per pod. 40 pods
+// enrolled one after another: no host-side veth has a tcx program or a
+// clsact qdisc, the node's probe hook (two links) is attached once, and a
+// probe to the last pod gets the probe source. Prints the in-process
+// enrollment time (median, p99) for docs/benchmarks.md; asserts none. The
+// pods' side in the suite's TC mode and, for tcx, also at the socket (where
+// the pod's side attaches no TC program either).
+void enrollMany(ProbeEnv& env, int family, const std::string& label) {
+  constexpr int kPods = 40;
+  std::vector<double> ms;
+  for (int i = 0; i < kPods; i++) {
+    auto pod = env.topo().addPod();
+    ASSERT_TRUE(pod.ok()) << pod.error().message;
+    const auto t0 = Clock::now();
+    auto info = env.enroll(**pod);
+    const auto t1 = Clock::now();
+    if (!info.ok() && info.error().code == ENOTSUP) GTEST_SKIP() << info.error().message;
+    ASSERT_TRUE(info.ok()) << info.error().message;
+    if (i > 0) ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());  // the first attaches the hook
+  }
+  for (const auto& p : env.topo().pods()) {
+    EXPECT_EQ(tcxProgCount(env.node(), p->hostIface).value(), 0u) << p->hostIface;
+    EXPECT_EQ(qdiscOf(env.node(), p->hostIface).find("clsact"), std::string::npos) << p->hostIface;
+  }
+  auto links = entriesWithPrefix(env.bpffs().root() + "/" + SLUICE_PIN_NODE_LINKS_DIR, "probe_connect");
+  EXPECT_EQ(links.size(), 2u) << join(links);
+  const ProbePod& last = *env.topo().pods().back();
+  auto app = env.startApp(last, family);
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  auto c = tcpConnect(env.node(), Endpoint::of(last.ip(family), kAppPort));
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_TRUE(echoRoundTrip(c->get(), "last").ok());
+  ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout));
+  EXPECT_EQ((*app)->peers()[0].ip(), ProbeTopology::probeAddr(family));
+  std::sort(ms.begin(), ms.end());
+  std::cout << "[ enroll   ] " << label << ": " << ms.size() << " pods with the node side, in process: median "
+            << ms[ms.size() / 2] << " ms, p99 " << ms[std::min(ms.size() - 1, ms.size() * 99 / 100)] << " ms\n";
+}
+
+TEST_P(ProbeSnat, ManyPodsAttachNothingPerPod) {
+  ProbeEnv tc(mode(), kind());
+  enrollMany(tc, family(), std::string("pods at TC (") + modeName(mode()) + ")");
+  if (HasFatalFailure() || IsSkipped() || mode() != TcMode::Tcx) return;
+  ProbeEnv sock(mode(), kind(), CaptureMode::Socket);
+  enrollMany(sock, family(), "pods at the socket");
 }
 
 INSTANTIATE_TEST_SUITE_P(All, ProbeSnat,

@@ -96,10 +96,13 @@ class Upgrade : public ::testing::TestWithParam<TcMode> {
 INSTANTIATE_TEST_SUITE_P(Modes, Upgrade, ::testing::Values(TcMode::Tcx, TcMode::Legacy),
                          [](const auto& info) { return std::string(modeName(info.param)); });
 
-// Issue 12 (and 15): the oldest supported release enrolls a pod; this
+// Issue 12 (and 15, 31): the oldest supported release enrolls a pod; this
 // build's agent takes over on the same pinned state (the registry's layout
-// changed: 1 -> 2) while connections flow. Zero may fail, every one goes
-// through the proxy, the pod keeps all it had, and it can be removed.
+// changed: 1 -> 2) while connections flow, and the node's probes (rule 10)
+// flow with them: the old release translates them on the host-side veth,
+// this one binds them to the probe address at connect(). Zero may fail,
+// every connection goes through the proxy, every probe reaches the app from
+// the probe address, the pod keeps all it had, and it can be removed.
 TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   auto server = TcpServer::start(topo_.node(), Endpoint::of(PodTopology::kNodeV4, 0));
   ASSERT_TRUE(server.ok()) << server.error().message;
@@ -124,9 +127,14 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   ASSERT_TRUE(established.ok()) << established.error().message;
   ASSERT_TRUE(echoRoundTrip(established->get(), "before").ok());
 
+  // The pod's app, for the node's probes.
+  auto app = TcpServer::start(topo_.pod(), Endpoint::any(AF_INET, 8080));
+  ASSERT_TRUE(app.ok()) << app.error().message;
+  const Endpoint appEp = Endpoint::of(PodTopology::kPodV4, 8080);
+
   std::atomic<bool> stop{false};
-  std::atomic<size_t> ok{0};
-  std::vector<std::string> failures;
+  std::atomic<size_t> ok{0}, probes{0};
+  std::vector<std::string> failures, probeFailures;
   std::thread loop([&] {
     while (!stop) {
       Status st = oneConnection((*server)->local());
@@ -134,6 +142,11 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
         ok++;
       else
         failures.push_back(st.error().message);
+      st = connectAndEcho(topo_.node(), appEp);
+      if (st.ok())
+        probes++;
+      else
+        probeFailures.push_back(st.error().message);
     }
   });
   auto pause = [] { std::this_thread::sleep_for(std::chrono::milliseconds(400)); };
@@ -148,13 +161,21 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   loop.join();
 
   EXPECT_TRUE(failures.empty()) << failures.size() << " failed, first: " << failures.front();
+  EXPECT_TRUE(probeFailures.empty()) << probeFailures.size() << " probes failed, first: " << probeFailures.front();
+  EXPECT_GE(probes.load(), 10u) << "too few probes to mean anything";
+  ASSERT_TRUE((*app)->waitForAccepts(probes.load(), kIoTimeout));
+  size_t fromProbe = 0;
+  for (const auto& p : (*app)->peers())
+    if (p.ip() == PodTopology::kProbeV4) fromProbe++;
+  EXPECT_EQ(fromProbe, probes.load()) << "a probe reached the app from another source";
   EXPECT_GT(ok.load(), afterUpgrade) << "no connection after the upgrade";
   auto after = echoRoundTrip(established->get(), "after the upgrade");
   ASSERT_TRUE(after.ok()) << "the connection established before the upgrade broke: " << after.error().message;
   EXPECT_EQ(*after, "after the upgrade");
   EXPECT_GE(ok.load(), 10u) << "too few connections to mean anything";
   std::cout << "connections through the redirect across the upgrade from " << oldestTag() << ": " << ok.load()
-            << ", failed: " << failures.size() << "\n";
+            << ", failed: " << failures.size() << "; probes: " << probes.load() << ", failed: " << probeFailures.size()
+            << "\n";
   EXPECT_TRUE(standIn_->waitForEvents(ok.load() + 1, kIoTimeout));
   size_t relayed = 0;
   for (const auto& e : standIn_->events())
@@ -165,7 +186,11 @@ TEST_P(Upgrade, FromOldestSupportedReleaseUnderConnectionLoop) {
   EXPECT_NE(log.find("migrated pinned map pods from layout 1 to " + std::to_string(SLUICE_LAYOUT_PODS) + ": 1 entry copied"),
             std::string::npos)
       << log;
-  EXPECT_NE(log.find("switched 5 hook(s)"), std::string::npos) << log;
+  // The pod's own three; the old release's host-side hooks stay with its
+  // programs until the pod goes (docs/redirection.md, rule 10).
+  EXPECT_NE(log.find("switched 3 hook(s)"), std::string::npos) << log;
+  EXPECT_NE(log.find("migrated pinned map pod_addrs from layout 1 to 2: "), std::string::npos) << log;
+  EXPECT_NE(log.find("node probe hook: 2 link(s) attached"), std::string::npos) << log;
   // The pod as the old release enrolled it, now in the new registry.
   c = agent_->client();
   ASSERT_TRUE(c.ok());
@@ -268,14 +293,14 @@ TEST_F(Layouts, SameVersionOtherDefinitionIsRefused) {
   }
   std::string pin = bpffs_.root() + "/" + SLUICE_PIN_POD_ADDRS;
   ASSERT_EQ(::unlink(pin.c_str()), 0);
-  int fd = bpf_map_create(BPF_MAP_TYPE_HASH, "pod_addrs", sizeof(sluice_pod_addr), 16, 128, nullptr);
+  int fd = bpf_map_create(BPF_MAP_TYPE_HASH, "pod_addrs", sizeof(sluice_pod_addr), 24, 128, nullptr);
   ASSERT_GE(fd, 0) << strerror(errno);
   ASSERT_EQ(bpf_obj_pin(fd, pin.c_str()), 0) << strerror(errno);
   ::close(fd);
   auto dp = open();
   ASSERT_FALSE(dp.ok());
-  EXPECT_NE(dp.error().message.find("pinned map 'pod_addrs' differs from this build's at the same layout 1: value size 16 "
-                                    "(this build: 8), max entries 128 (this build: "),
+  EXPECT_NE(dp.error().message.find("pinned map 'pod_addrs' differs from this build's at the same layout 2: value size 24 "
+                                    "(this build: 16), max entries 128 (this build: "),
             std::string::npos)
       << dp.error().message;
 }
@@ -310,6 +335,48 @@ TEST_F(Layouts, InterruptedMigrationIsResumed) {
   EXPECT_EQ(pods[0].id, "resumed-pod");
   // Leave the root removable: the registry entry points at no netns.
   ASSERT_TRUE((*dp)->programs().pods.erase(key).ok());
+}
+
+// pod_addrs layout 1 held the pod's netns cookie alone; layout 2 adds the
+// node's netns, whose sockets the node's probe hook binds. A pod of layout 1
+// gets 0 there: its host-side veth still runs the old build's probe SNAT,
+// which keeps translating its probes (docs/redirection.md, rule 10).
+TEST_F(Layouts, PodAddrsLayout1IsMigratedLeftToTheOldProbeSnat) {
+  {
+    auto dp = open();
+    ASSERT_TRUE(dp.ok()) << dp.error().message;
+  }
+  std::string pin = bpffs_.root() + "/" + SLUICE_PIN_POD_ADDRS;
+  ASSERT_EQ(::unlink(pin.c_str()), 0);
+  sluice_pod_addr a{};
+  const uint8_t ip[4] = {10, 1, 0, 5};
+  std::memcpy(a.addr, ip, 4);
+  a.family = AF_INET;
+  const uint64_t podCookie = 77;
+  int fd = bpf_map_create(BPF_MAP_TYPE_HASH, "pod_addrs", sizeof(sluice_pod_addr), sizeof(uint64_t),
+                          SLUICE_POD_ADDR_ENTRIES, nullptr);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(bpf_map_update_elem(fd, &a, &podCookie, BPF_ANY), 0) << strerror(errno);
+  ASSERT_EQ(bpf_obj_pin(fd, pin.c_str()), 0) << strerror(errno);
+  ::close(fd);
+  {
+    int lfd = pinFd(SLUICE_PIN_LAYOUTS);
+    ASSERT_GE(lfd, 0) << strerror(errno);
+    sluice_layout_key k{};
+    std::strncpy(k.name, SLUICE_PIN_POD_ADDRS, sizeof(k.name) - 1);
+    sluice_layout_value v{1, 0};
+    ASSERT_EQ(bpf_map_update_elem(lfd, &k, &v, BPF_ANY), 0) << strerror(errno);
+    ::close(lfd);
+  }
+
+  auto dp = open();
+  ASSERT_TRUE(dp.ok()) << dp.error().message;
+  auto got = (*dp)->programs().podAddrs.lookup(a);
+  ASSERT_TRUE(got) << "the address was lost";
+  EXPECT_EQ(got->netns_cookie, podCookie);
+  EXPECT_EQ(got->node_netns_cookie, 0u) << "left to the old build's programs";
+  EXPECT_FALSE(pathExists(bpffs_.root() + "/migrate")) << "the old map stayed pinned";
+  ASSERT_TRUE((*dp)->programs().podAddrs.erase(a).ok());
 }
 
 // snat_rev layout 1 kept the reverse half of a probe connection and its FIN

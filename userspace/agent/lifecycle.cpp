@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "loader/bpffs.h"
+#include "loader/probe_hook.h"
 #include "loader/sock_hooks.h"
 #include "userspace/agent/agent.h"
 #include "userspace/agent/io.h"
@@ -185,6 +186,10 @@ void Agent::uninstallNode() {
   // No pod needs them: the node-wide hooks (socket mode's cgroup hooks),
   // the pod guard, the programs and maps.
   if (Status st = removeNodeHooks(root); !st.ok()) spdlog::warn("uninstall: node hooks: {}", st.error().message);
+  // The probe addresses the node's probe hook binds to (on lo, this netns).
+  const Settings& set = options_.datapath.settings;
+  if (Status st = removeProbeAddrs(set.probeV4, set.probeV6); !st.ok())
+    spdlog::warn("uninstall: probe addresses: {}", st.error().message);
   if (Status st = removeTree(root); st.ok())
     spdlog::info("uninstall: no pod was enrolled; removed the node's pinned state {}", root);
   else
