@@ -25,6 +25,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include <spdlog/fmt/fmt.h>
@@ -392,42 +393,92 @@ std::string attrString(const nlattr* attr) {
 
 }  // namespace
 
+namespace {
+
+// One RTM_NEWLINK answer as LinkInfo; nullopt for anything else.
+std::optional<LinkInfo> parseLink(nlmsghdr* h) {
+  if (h->nlmsg_type != RTM_NEWLINK || h->nlmsg_len < NLMSG_LENGTH(sizeof(ifinfomsg))) return std::nullopt;
+  const auto* ifi = static_cast<const ifinfomsg*>(nlmsg_data(h));
+  nlattr* tb[IFLA_MAX + 1] = {};
+  if (nlmsg_parse(h, sizeof(ifinfomsg), tb, IFLA_MAX, nullptr) < 0) return std::nullopt;
+  LinkInfo info;
+  info.ifindex = ifi->ifi_index;
+  info.loopback = (ifi->ifi_flags & IFF_LOOPBACK) != 0;
+  info.up = (ifi->ifi_flags & IFF_UP) != 0;
+  info.name = attrString(tb[IFLA_IFNAME]);
+  if (tb[IFLA_LINK] && nla_len(tb[IFLA_LINK]) >= 4) info.linkIfindex = static_cast<int>(nla_get_u32(tb[IFLA_LINK]));
+  info.kind = attrString(nested(tb[IFLA_LINKINFO], IFLA_INFO_KIND));
+  // IFLA_INET_CONF: u32 per setting, IPV4_DEVCONF_x at index x - 1.
+  nlattr* conf4 = nested(nested(tb[IFLA_AF_SPEC], AF_INET), IFLA_INET_CONF);
+  if (conf4 && nla_len(conf4) >= static_cast<int>(IPV4_DEVCONF_ACCEPT_LOCAL * sizeof(uint32_t))) {
+    uint32_t v = 0;
+    std::memcpy(&v, static_cast<char*>(nla_data(conf4)) + (IPV4_DEVCONF_ACCEPT_LOCAL - 1) * sizeof(uint32_t), sizeof(v));
+    info.acceptLocal = static_cast<int>(v);
+  }
+  // IFLA_INET6_CONF: s32 per setting, DEVCONF_x at index x.
+  nlattr* conf6 = nested(nested(tb[IFLA_AF_SPEC], AF_INET6), IFLA_INET6_CONF);
+  if (conf6 && nla_len(conf6) >= static_cast<int>((DEVCONF_DISABLE_IPV6 + 1) * sizeof(int32_t))) {
+    int32_t disabled = 0;
+    std::memcpy(&disabled, static_cast<char*>(nla_data(conf6)) + DEVCONF_DISABLE_IPV6 * sizeof(int32_t),
+                sizeof(disabled));
+    info.ipv6 = disabled == 0;
+  }
+  return info;
+}
+
+}  // namespace
+
 Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock) {
   std::vector<LinkInfo> links;
   ifinfomsg req{};
   req.ifi_family = AF_UNSPEC;
   auto each = [&](nlmsghdr* h) {
-    if (h->nlmsg_type != RTM_NEWLINK || h->nlmsg_len < NLMSG_LENGTH(sizeof(ifinfomsg))) return;
-    const auto* ifi = static_cast<const ifinfomsg*>(nlmsg_data(h));
-    nlattr* tb[IFLA_MAX + 1] = {};
-    if (nlmsg_parse(h, sizeof(ifinfomsg), tb, IFLA_MAX, nullptr) < 0) return;
-    LinkInfo info;
-    info.ifindex = ifi->ifi_index;
-    info.loopback = (ifi->ifi_flags & IFF_LOOPBACK) != 0;
-    info.up = (ifi->ifi_flags & IFF_UP) != 0;
-    info.name = attrString(tb[IFLA_IFNAME]);
-    if (tb[IFLA_LINK] && nla_len(tb[IFLA_LINK]) >= 4) info.linkIfindex = static_cast<int>(nla_get_u32(tb[IFLA_LINK]));
-    info.kind = attrString(nested(tb[IFLA_LINKINFO], IFLA_INFO_KIND));
-    // IFLA_INET_CONF: u32 per setting, IPV4_DEVCONF_x at index x - 1.
-    nlattr* conf4 = nested(nested(tb[IFLA_AF_SPEC], AF_INET), IFLA_INET_CONF);
-    if (conf4 && nla_len(conf4) >= static_cast<int>(IPV4_DEVCONF_ACCEPT_LOCAL * sizeof(uint32_t))) {
-      uint32_t v = 0;
-      std::memcpy(&v, static_cast<char*>(nla_data(conf4)) + (IPV4_DEVCONF_ACCEPT_LOCAL - 1) * sizeof(uint32_t), sizeof(v));
-      info.acceptLocal = static_cast<int>(v);
-    }
-    // IFLA_INET6_CONF: s32 per setting, DEVCONF_x at index x.
-    nlattr* conf6 = nested(nested(tb[IFLA_AF_SPEC], AF_INET6), IFLA_INET6_CONF);
-    if (conf6 && nla_len(conf6) >= static_cast<int>((DEVCONF_DISABLE_IPV6 + 1) * sizeof(int32_t))) {
-      int32_t disabled = 0;
-      std::memcpy(&disabled, static_cast<char*>(nla_data(conf6)) + DEVCONF_DISABLE_IPV6 * sizeof(int32_t),
-                  sizeof(disabled));
-      info.ipv6 = disabled == 0;
-    }
-    links.push_back(std::move(info));
+    if (auto info = parseLink(h)) links.push_back(std::move(*info));
   };
   SLUICE_TRY(dumpEach(sock, RTM_GETLINK, &req, sizeof(req), RTEXT_FILTER_SKIP_STATS, each, [&] { links.clear(); },
                       "dump links"));
   return links;
+}
+
+Result<std::optional<LinkInfo>> getLinkOn(NetlinkSocket& sock, int ifindex) {
+  if (ifindex <= 0) return std::optional<LinkInfo>();
+  ifinfomsg req{};
+  req.ifi_family = AF_UNSPEC;
+  req.ifi_index = ifindex;
+  // Not a dump: the kernel answers with the one link (or ENODEV), then
+  // the ack, each its own datagram.
+  std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(RTM_GETLINK, 0), nlmsg_free);
+  if (!msg) return Error::msg("get link: cannot allocate message", ENOMEM);
+  if (nlmsg_append(msg.get(), &req, sizeof(req), NLMSG_ALIGNTO) < 0 ||
+      nla_put_u32(msg.get(), IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS) < 0)
+    return Error::msg("get link: message too long", EMSGSIZE);
+  std::optional<LinkInfo> found;
+  std::function<void(nlmsghdr*)> each = [&](nlmsghdr* h) {
+    if (auto info = parseLink(h)) found = std::move(*info);
+  };
+  auto parse = [](nl_msg* m, void* arg) -> int {
+    (*static_cast<std::function<void(nlmsghdr*)>*>(arg))(nlmsg_hdr(m));
+    return NL_OK;
+  };
+  nl_cb* base = nl_socket_get_cb(sock.get());
+  std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
+  nl_cb_put(base);
+  if (!cb) return Error::msg("get link: cannot allocate callbacks", ENOMEM);
+  nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, &each);
+  Status st = sock.call(
+      [&](nl_sock* s) {
+        int rc = nl_send_auto(s, msg.get());
+        if (rc < 0) return rc;
+        rc = nl_recvmsgs(s, cb.get());  // the link, or the kernel's error
+        if (rc < 0) return rc;
+        return nl_wait_for_ack(s);
+      },
+      "get link " + std::to_string(ifindex));
+  if (!st.ok()) {
+    if (st.error().code == ENODEV) return std::optional<LinkInfo>();
+    return st.error();
+  }
+  return found;
 }
 
 Result<std::vector<AddrInfo>> listAddrsOn(NetlinkSocket& sock) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -85,6 +86,11 @@ Result<std::vector<LinkInfo>> listLinks();
 
 /// All interfaces in @p sock's network namespace.
 Result<std::vector<LinkInfo>> listLinksOn(NetlinkSocket& sock);
+
+/// Interface @p ifindex of @p sock's network namespace, asked alone (no
+/// dump: the cost does not grow with the interfaces there); nullopt when
+/// there is none.
+Result<std::optional<LinkInfo>> getLinkOn(NetlinkSocket& sock, int ifindex);
 
 /// Sets net.ipv4.conf.<if>.accept_local of interface @p ifindex with
 /// RTM_SETLINK (IFLA_AF_SPEC / AF_INET / IFLA_INET_CONF), the same setting

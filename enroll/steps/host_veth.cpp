@@ -3,6 +3,7 @@
 #include "enroll/context.h"
 #include "enroll/registry.h"
 #include "enroll/steps/steps.h"
+#include "loader/netlink.h"
 #include "loader/netns.h"
 
 namespace sluice {
@@ -20,11 +21,14 @@ class HostVethStep final : public Step {
     auto cookie = currentNetnsCookie();
     SLUICE_TRY(cookie);
     c.rec.node_netns_cookie = *cookie;
-    auto links = listLinks();
-    SLUICE_TRY(links);
+    // The peer asked for by its ifindex: one answer, whatever the number of
+    // pods' veths on the node (a dump of them all grew with it).
+    auto nl = NetlinkSocket::open();
+    SLUICE_TRY(nl);
+    auto peer = getLinkOn(*nl, c.peerIfindex);
+    SLUICE_TRY(peer);
     const LinkInfo* host = nullptr;
-    for (const auto& l : *links)
-      if (c.peerIfindex && l.ifindex == c.peerIfindex && l.kind == "veth" && l.linkIfindex == c.podVethIfindex) host = &l;
+    if (*peer && (*peer)->kind == "veth" && (*peer)->linkIfindex == c.podVethIfindex) host = &**peer;
     const std::string nodePath = nodeNetnsPathOf(c.rec);
     if (!host) {
       if (nodePath.empty()) {
