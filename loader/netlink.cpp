@@ -336,44 +336,53 @@ Result<std::vector<LinkInfo>> listLinks() {
 
 namespace {
 
-// Runs a dump request of @p type with header @p hdr (and IFLA_EXT_MASK
-// @p extMask when non-zero) and hands every answer to @p each, parsed by
-// hand: libnl's caches parse every attribute of every object (link stats,
-// both families' per-interface settings), several times the cost of the
-// request itself. A dump that raced with a change (NLM_F_DUMP_INTR) is
-// repeated from the start, after @p restart.
-Status dumpEach(NetlinkSocket& sock, int type, const void* hdr, size_t hdrLen, uint32_t extMask,
-                const std::function<void(nlmsghdr*)>& each, const std::function<void()>& restart,
-                const std::string& what) {
-  constexpr int kAttempts = 5;
+// Sends one request of @p type with header @p hdr (and IFLA_EXT_MASK
+// @p extMask when non-zero), @p flags NLM_F_DUMP or 0, and hands every
+// answer to @p each, parsed by hand: libnl's caches parse every attribute
+// of every object (link stats, both families' per-interface settings),
+// several times the cost of the request itself. Not a dump, the kernel
+// answers with one message (or its error), then the ack, each its own
+// datagram: both are read. @p rc gets libnl's code of the receive.
+Status requestEach(NetlinkSocket& sock, int type, int flags, const void* hdr, size_t hdrLen, uint32_t extMask,
+                   const std::function<void(nlmsghdr*)>& each, const std::string& what, int& rc) {
   auto parse = [](nl_msg* m, void* arg) -> int {
     (*static_cast<const std::function<void(nlmsghdr*)>*>(arg))(nlmsg_hdr(m));
     return NL_OK;
   };
+  std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(type, flags), nlmsg_free);
+  if (!msg) return Error::msg(what + ": cannot allocate message", ENOMEM);
+  if (nlmsg_append(msg.get(), const_cast<void*>(hdr), hdrLen, NLMSG_ALIGNTO) < 0 ||
+      (extMask && nla_put_u32(msg.get(), IFLA_EXT_MASK, extMask) < 0))
+    return Error::msg(what + ": message too long", EMSGSIZE);
+  // A copy of the socket's callbacks (the error callback call() relies
+  // on included) with the parser.
+  nl_cb* base = nl_socket_get_cb(sock.get());
+  std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
+  nl_cb_put(base);
+  if (!cb) return Error::msg(what + ": cannot allocate callbacks", ENOMEM);
+  nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, const_cast<std::function<void(nlmsghdr*)>*>(&each));
+  return sock.call(
+      [&](nl_sock* s) {
+        rc = nl_send_auto(s, msg.get());
+        if (rc < 0) return rc;
+        rc = nl_recvmsgs(s, cb.get());
+        if (rc < 0 || (flags & NLM_F_DUMP)) return rc;
+        return nl_wait_for_ack(s);
+      },
+      what);
+}
+
+// Runs a dump request (requestEach); a dump that raced with a change
+// (NLM_F_DUMP_INTR) is repeated from the start, after @p restart.
+Status dumpEach(NetlinkSocket& sock, int type, const void* hdr, size_t hdrLen, uint32_t extMask,
+                const std::function<void(nlmsghdr*)>& each, const std::function<void()>& restart,
+                const std::string& what) {
+  constexpr int kAttempts = 5;
   Status last;
   for (int i = 0; i < kAttempts; ++i) {
-    std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(type, NLM_F_DUMP), nlmsg_free);
-    if (!msg) return Error::msg(what + ": cannot allocate message", ENOMEM);
-    if (nlmsg_append(msg.get(), const_cast<void*>(hdr), hdrLen, NLMSG_ALIGNTO) < 0 ||
-        (extMask && nla_put_u32(msg.get(), IFLA_EXT_MASK, extMask) < 0))
-      return Error::msg(what + ": message too long", EMSGSIZE);
-    // A copy of the socket's callbacks (the error callback call() relies
-    // on included) with the parser.
-    nl_cb* base = nl_socket_get_cb(sock.get());
-    std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
-    nl_cb_put(base);
-    if (!cb) return Error::msg(what + ": cannot allocate callbacks", ENOMEM);
-    nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, const_cast<std::function<void(nlmsghdr*)>*>(&each));
     restart();
     int rc = 0;
-    last = sock.call(
-        [&](nl_sock* s) {
-          rc = nl_send_auto(s, msg.get());
-          if (rc < 0) return rc;
-          rc = nl_recvmsgs(s, cb.get());
-          return rc;
-        },
-        what);
+    last = requestEach(sock, type, NLM_F_DUMP, hdr, hdrLen, extMask, each, what, rc);
     if (last.ok() || std::abs(rc) != NLE_DUMP_INTR) return last;
   }
   return last;
@@ -445,35 +454,14 @@ Result<std::optional<LinkInfo>> getLinkOn(NetlinkSocket& sock, int ifindex) {
   ifinfomsg req{};
   req.ifi_family = AF_UNSPEC;
   req.ifi_index = ifindex;
-  // Not a dump: the kernel answers with the one link (or ENODEV), then
-  // the ack, each its own datagram.
-  std::unique_ptr<nl_msg, void (*)(nl_msg*)> msg(nlmsg_alloc_simple(RTM_GETLINK, 0), nlmsg_free);
-  if (!msg) return Error::msg("get link: cannot allocate message", ENOMEM);
-  if (nlmsg_append(msg.get(), &req, sizeof(req), NLMSG_ALIGNTO) < 0 ||
-      nla_put_u32(msg.get(), IFLA_EXT_MASK, RTEXT_FILTER_SKIP_STATS) < 0)
-    return Error::msg("get link: message too long", EMSGSIZE);
   std::optional<LinkInfo> found;
-  std::function<void(nlmsghdr*)> each = [&](nlmsghdr* h) {
-    if (auto info = parseLink(h)) found = std::move(*info);
-  };
-  auto parse = [](nl_msg* m, void* arg) -> int {
-    (*static_cast<std::function<void(nlmsghdr*)>*>(arg))(nlmsg_hdr(m));
-    return NL_OK;
-  };
-  nl_cb* base = nl_socket_get_cb(sock.get());
-  std::unique_ptr<nl_cb, void (*)(nl_cb*)> cb(nl_cb_clone(base), nl_cb_put);
-  nl_cb_put(base);
-  if (!cb) return Error::msg("get link: cannot allocate callbacks", ENOMEM);
-  nl_cb_set(cb.get(), NL_CB_VALID, NL_CB_CUSTOM, parse, &each);
-  Status st = sock.call(
-      [&](nl_sock* s) {
-        int rc = nl_send_auto(s, msg.get());
-        if (rc < 0) return rc;
-        rc = nl_recvmsgs(s, cb.get());  // the link, or the kernel's error
-        if (rc < 0) return rc;
-        return nl_wait_for_ack(s);
+  int rc = 0;
+  Status st = requestEach(
+      sock, RTM_GETLINK, 0, &req, sizeof(req), RTEXT_FILTER_SKIP_STATS,
+      [&](nlmsghdr* h) {
+        if (auto info = parseLink(h)) found = std::move(*info);
       },
-      "get link " + std::to_string(ifindex));
+      "get link " + std::to_string(ifindex), rc);
   if (!st.ok()) {
     if (st.error().code == ENODEV) return std::optional<LinkInfo>();
     return st.error();
