@@ -94,7 +94,8 @@ void logEnrolled(const std::string& id, const PodInfo& info, bool socket, uint32
 
 }  // namespace
 
-Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options) {
+Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& given) {
+  DatapathOptions options = given;
   auto wanted = encodeSettings(options.settings);
   SLUICE_TRY(wanted);
   // Before anything is created: an unprivileged run must not leave a root
@@ -111,6 +112,10 @@ Result<std::unique_ptr<Datapath>> Datapath::open(const DatapathOptions& options)
     spdlog::warn("{}", stale.error().message);
   auto current = (*programs)->settings.lookup(0);
   bool fresh = !current || current->outbound_port == 0;
+  if (!fresh && options.adoptPinnedSettings) {
+    options.settings = decodeSettings(*current);
+    *wanted = *current;
+  }
   if (fresh) {
     SLUICE_TRY((*programs)->settings.update(0, *wanted));
     spdlog::info("wrote settings to {}/{}", options.bpffsRoot, SLUICE_PIN_SETTINGS);

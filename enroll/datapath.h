@@ -40,6 +40,10 @@ struct DatapathOptions {
   /// the root of the cgroup v2 hierarchy (every process of the node).
   std::string cgroupPath;
   Settings settings;
+  /// Take the settings pinned under bpffsRoot (the agent's, say its
+  /// --host-probe-snat-ip) when there are any, instead of imposing
+  /// `settings`: a process that works beside the agent (sluicectl).
+  bool adoptPinnedSettings = false;
   /// Probe SNAT connections held at once (snat_rev's capacity); the least
   /// recently used are forgotten beyond it. Tests set it low to put the map
   /// under pressure; every process sharing a bpffs root must agree.

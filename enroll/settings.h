@@ -27,6 +27,14 @@ struct Settings {
 /// Converts Settings to the map layout; errors name the bad field.
 Result<sluice_settings> encodeSettings(const Settings& s);
 
+/// The Settings a pinned sluice_settings holds (encodeSettings' inverse).
+Settings decodeSettings(const sluice_settings& s);
+
+/// An address a node's probes may leave from (--host-probe-snat-ip[v6]):
+/// @p family's, neither unspecified, loopback nor multicast; EINVAL names
+/// @p what otherwise.
+Status validateProbeAddr(int family, const std::string& addr, const std::string& what);
+
 /// The policy rule that delivers packets with the return mark locally
 /// (rule 4's return path), in a pod's netns.
 PolicyRule returnRule(const Settings& s, int family);

@@ -178,14 +178,39 @@ std::vector<uint64_t> probeHookStats(const std::string& root) {
   return out;
 }
 
+// Whether this netns owns @p addr (on any interface): a bind to an
+// address it does not own fails (EADDRNOTAVAIL). Without the family's
+// sockets (IPv6 disabled) it counts as owned: nothing to add or miss.
+bool isLocal(int family, const void* addr) {
+  Fd s(::socket(family, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+  if (!s.valid()) return family == AF_INET6;
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (family == AF_INET) {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    std::memcpy(&a->sin_addr, addr, 4);
+    len = sizeof(*a);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    std::memcpy(&a->sin6_addr, addr, 16);
+    len = sizeof(*a);
+  }
+  return ::bind(s.get(), reinterpret_cast<sockaddr*>(&ss), len) == 0 || errno != EADDRNOTAVAIL;
+}
+
 Status ensureProbeAddrs(const std::string& v4, const std::string& v6) {
   auto a = parseProbeAddrs(v4, v6);
   SLUICE_TRY(a);
   const uint32_t probeV4 = a->v4;
   const uint8_t* probeV6 = a->v6;
-  int err = addrRequest(RTM_NEWADDR, AF_INET, &probeV4);
+  // An address the node already has (say its own, --host-probe-snat-ip
+  // set to the node's IP) is not added to lo a second time.
+  if (isLocal(AF_INET, &probeV4) && isLocal(AF_INET6, probeV6)) return {};
+  int err = isLocal(AF_INET, &probeV4) ? 0 : addrRequest(RTM_NEWADDR, AF_INET, &probeV4);
   if (err && err != EEXIST) return Error::fromErrno(err, "add the probe address " + addrText(AF_INET, &probeV4) + " to lo");
-  if (!ipv6Enabled()) return {};
+  if (!ipv6Enabled() || isLocal(AF_INET6, probeV6)) return {};
   err = addrRequest(RTM_NEWADDR, AF_INET6, probeV6);
   if (err == EACCES) return {};  // IPv6 disabled on lo: no IPv6 probes here
   if (err && err != EEXIST) return Error::fromErrno(err, "add the probe address " + addrText(AF_INET6, probeV6) + " to lo");
@@ -196,23 +221,10 @@ std::vector<std::string> checkProbeAddrs(const std::string& v4, const std::strin
   std::vector<std::string> out;
   auto parsed = parseProbeAddrs(v4, v6);
   if (!parsed.ok()) return {parsed.error().message};
-  const uint32_t probeV4 = parsed->v4;
-  const uint8_t* probeV6 = parsed->v6;
-  Fd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = probeV4;
-  // A bind to an address the netns does not own fails (EADDRNOTAVAIL).
-  if (!s.valid() || ::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0)
-    out.push_back("the probe address " + addrText(AF_INET, &probeV4) + " is not on the node");
-  Fd s6(::socket(AF_INET6, SOCK_DGRAM | SOCK_CLOEXEC, 0));
-  if (s6.valid()) {
-    sockaddr_in6 a6{};
-    a6.sin6_family = AF_INET6;
-    std::memcpy(&a6.sin6_addr, probeV6, 16);
-    if (::bind(s6.get(), reinterpret_cast<sockaddr*>(&a6), sizeof(a6)) != 0 && errno == EADDRNOTAVAIL)
-      out.push_back("the probe address " + addrText(AF_INET6, probeV6) + " is not on the node");
-  }
+  if (!isLocal(AF_INET, &parsed->v4))
+    out.push_back("the probe address " + addrText(AF_INET, &parsed->v4) + " is not on the node");
+  if (!isLocal(AF_INET6, parsed->v6))
+    out.push_back("the probe address " + addrText(AF_INET6, parsed->v6) + " is not on the node");
   return out;
 }
 

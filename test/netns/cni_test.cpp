@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "loader/probe_hook.h"
 #include "enroll/datapath.h"
 #include "test/common/agent_process.h"
 #include "test/common/apiserver.h"
@@ -630,7 +631,8 @@ class CniUninstall : public Cni {
     std::vector<std::string> args = {
         "--kube-api", api_->url(), "--kube-token-file", api_->tokenFile(), "--kube-ca-file", api_->caFile(),
         "--node-name", "node-a", "--cni-conf-dir", work_.file("net.d"), "--cni-agent-socket", socket(), "--daemonset",
-        daemonSet, "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin")};
+        daemonSet, "--daemonset-namespace", "sluice-system", "--cni-bin-dir", work_.file("bin"),
+        "--host-probe-snat-ip", probeV4(), "--host-probe-snat-ipv6", probeV6()};
     args.insert(args.end(), more.begin(), more.end());
     auto a = AgentProcess::start(bpffs_.root(), args, socket());
     ASSERT_TRUE(a.ok()) << a.error().message;
@@ -638,6 +640,15 @@ class CniUninstall : public Cni {
   }
 
   std::string conflistPath() const { return work_.file("net.d") + "/10-test.conflist"; }
+
+  /// The agent runs in the test's netns, where other tests' pods have their
+  /// node side too: an uninstall removes its probe addresses from lo, so
+  /// each test's agent has its own (169.254.128.0/17, by process).
+  static std::string probeV4() {
+    const unsigned p = static_cast<unsigned>(::getpid());
+    return "169.254." + std::to_string(128 + (p >> 8) % 127) + "." + std::to_string(1 + p % 254);
+  }
+  static std::string probeV6() { return "fd16:9254:7127:1337::" + std::to_string(::getpid() % 10000 + 1); }
 
   /// Every pin under the bpffs root (paths relative to it).
   std::vector<std::string> pins() const {
@@ -793,6 +804,14 @@ TEST_F(CniUninstall, UninstallWithNoPodEnrolledRemovesThePinnedState) {
   ASSERT_TRUE(del.ok) << del.describe();
   ASSERT_TRUE(listPods().empty());
   ASSERT_TRUE(pathExists(bpffs_.root() + "/pods")) << "the pinned registry";
+  // The probe addresses a pod's node side in the agent's netns adds (this
+  // fixture's pods have theirs in node_, where nothing is attached).
+  struct ProbeAddrsGuard {
+    ~ProbeAddrsGuard() { (void)removeProbeAddrs(probeV4(), probeV6()); }
+  } addrsGuard;
+  ASSERT_TRUE(ensureProbeAddrs(probeV4(), probeV6()).ok());
+  ASSERT_TRUE(checkProbeAddrs(probeV4(), probeV6()).empty());
+  const auto defaultsBefore = checkProbeAddrs(SLUICE_DEFAULT_PROBE_V4, SLUICE_DEFAULT_PROBE_V6);
   Status st = removeDaemonSet("deleted");
   ASSERT_TRUE(st.ok()) << st.error().message;
   ASSERT_EQ(agent_->stop(SIGTERM), 0) << agent_->log();
@@ -801,6 +820,9 @@ TEST_F(CniUninstall, UninstallWithNoPodEnrolledRemovesThePinnedState) {
             std::string::npos)
       << log;
   EXPECT_FALSE(pathExists(bpffs_.root())) << "pins left behind";
+  EXPECT_EQ(checkProbeAddrs(probeV4(), probeV6()).size(), 2u) << "its probe addresses are left on lo";
+  EXPECT_EQ(checkProbeAddrs(SLUICE_DEFAULT_PROBE_V4, SLUICE_DEFAULT_PROBE_V6), defaultsBefore)
+      << "the default probe addresses (other pods' here) are not this agent's";
   EXPECT_FALSE(pathExists(binary()));
   const json now = json::parse(readTextFile(conflistPath()), nullptr, false);
   ASSERT_TRUE(now.is_object());

@@ -220,6 +220,7 @@ class ProbeEnv {
     o.tcMode = mode_;
     o.capture = capture_;  // the pod's side in the mode the test is named for (TC unless said)
     if (snatEntries_) o.snatEntries = snatEntries_;
+    o.settings = settings_;
     auto dp = Datapath::open(o);
     SLUICE_TRY(dp);
     dp_ = std::move(*dp);
@@ -229,6 +230,9 @@ class ProbeEnv {
   TcMode mode() const { return mode_; }
   /// The probe SNAT capacity of the next open() (0: the default).
   void setSnatEntries(uint32_t n) { snatEntries_ = n; }
+  /// The node's settings of the next open() (the agent's
+  /// --host-probe-snat-ip[v6], say).
+  void setSettings(const Settings& s) { settings_ = s; }
   Datapath& dp() { return *dp_; }
   PodPrograms& maps() { return dp_->programs(); }
   ProbeTopology& topo() { return topo_; }
@@ -293,6 +297,7 @@ class ProbeEnv {
   ProbeTopology topo_;
   std::unique_ptr<Datapath> dp_;
   uint32_t snatEntries_ = 0;
+  Settings settings_;
   std::vector<std::string> enrolled_;
   std::vector<std::unique_ptr<ProxyStandIn>> proxies_;
   std::vector<std::unique_ptr<TcpServer>> apps_;
@@ -983,6 +988,48 @@ void enrollMany(ProbeEnv& env, int family, const std::string& label) {
   std::sort(ms.begin(), ms.end());
   std::cout << "[ enroll   ] " << label << ": " << ms.size() << " pods with the node side, in process: median "
             << ms[ms.size() / 2] << " ms, p99 " << ms[std::min(ms.size() - 1, ms.size() * 99 / 100)] << " ms\n";
+}
+
+// Rule 10 with another probe source (the agent's --host-probe-snat-ip[v6],
+// as Istio's HOST_PROBE_SNAT_IP[V6]): the node's probe leaves from it, the
+// pod lets it past the proxy, the node's lo gets it and the default
+// address is neither used nor added.
+TEST_P(ProbeSnat, Rule10ProbesLeaveFromTheConfiguredAddress) {
+  Settings s;
+  s.probeV4 = "169.254.7.201";
+  s.probeV6 = "fd16:9254:7127:1337::c9";
+  const std::string mine = family() == AF_INET ? s.probeV4 : s.probeV6;
+  ProbeEnv env(mode(), kind());
+  env.setSettings(s);
+  ASSERT_TRUE(env.topo().ok()) << env.topo().error();
+  auto pod = env.topo().addPod();
+  ASSERT_TRUE(pod.ok()) << pod.error().message;
+  auto info = env.enroll(**pod);
+  ASSERT_TRUE(info.ok()) << info.error().message;
+  auto proxy = env.startProxy(**pod);
+  ASSERT_TRUE(proxy.ok()) << proxy.error().message;
+  auto app = env.startApp(**pod, family());
+  ASSERT_TRUE(app.ok()) << app.error().message;
+
+  const Endpoint ep = Endpoint::of((*pod)->ip(family()), kAppPort);
+  auto c = tcpConnect(env.node(), ep);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  auto echoed = echoRoundTrip(c->get(), "probe");
+  ASSERT_TRUE(echoed.ok()) << echoed.error().message;
+  EXPECT_EQ(localOf(c->get()).ip(), mine) << "bound to the configured probe address at connect()";
+  ASSERT_TRUE((*app)->waitForAccepts(1, kIoTimeout));
+  EXPECT_EQ((*app)->peers().at(0).ip(), mine);
+  EXPECT_TRUE(eventsOf(*proxy, "inbound").empty()) << "let past the proxy: " << describeEvents(*proxy);
+  EXPECT_EQ(env.stats((*pod)->ns->name()).probe_conns, 1u);
+  std::vector<std::string> mineMissing, defaultsMissing;
+  Status st = env.node().run([&]() -> Status {
+    mineMissing = checkProbeAddrs(s.probeV4, s.probeV6);
+    defaultsMissing = checkProbeAddrs(SLUICE_DEFAULT_PROBE_V4, SLUICE_DEFAULT_PROBE_V6);
+    return {};
+  });
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_TRUE(mineMissing.empty()) << "the configured addresses are on the node's lo: " << mineMissing.at(0);
+  EXPECT_EQ(defaultsMissing.size(), 2u) << "the default addresses were added too";
 }
 
 TEST_P(ProbeSnat, ManyPodsAttachNothingPerPod) {

@@ -211,6 +211,64 @@ TEST(AgentOptions, BadFlagsAreUsageErrors) {
   }
 }
 
+// The probe source: Istio's default, the flags, or Istio's env names
+// (HOST_PROBE_SNAT_IP[V6]) when no flag is given; a flag beats the env;
+// nothing that cannot be a source is taken.
+TEST(AgentOptions, HostProbeSnatAddresses) {
+  auto none = [](const char*) -> std::optional<std::string> { return std::nullopt; };
+  auto d = parseDaemonArgs({}, none);
+  ASSERT_TRUE(d.ok()) << d.error().message;
+  EXPECT_EQ(d->agent.datapath.settings.probeV4, "169.254.7.127");
+  EXPECT_EQ(d->agent.datapath.settings.probeV6, "fd16:9254:7127:1337:ffff:ffff:ffff:ffff");
+  auto f = parseDaemonArgs({"--host-probe-snat-ip", "169.254.9.1", "--host-probe-snat-ipv6", "fd16::9"}, none);
+  ASSERT_TRUE(f.ok()) << f.error().message;
+  EXPECT_EQ(f->agent.datapath.settings.probeV4, "169.254.9.1");
+  EXPECT_EQ(f->agent.datapath.settings.probeV6, "fd16::9");
+  auto istioEnv = [](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "HOST_PROBE_SNAT_IP") return "169.254.8.8";
+    if (std::string(n) == "HOST_PROBE_SNAT_IPV6") return "fd16::8";
+    return std::nullopt;
+  };
+  auto e = parseDaemonArgs({}, istioEnv);
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  EXPECT_EQ(e->agent.datapath.settings.probeV4, "169.254.8.8");
+  EXPECT_EQ(e->agent.datapath.settings.probeV6, "fd16::8");
+  auto both = parseDaemonArgs({"--host-probe-snat-ip", "169.254.9.1"}, istioEnv);
+  ASSERT_TRUE(both.ok()) << both.error().message;
+  EXPECT_EQ(both->agent.datapath.settings.probeV4, "169.254.9.1") << "the flag beats the env";
+  EXPECT_EQ(both->agent.datapath.settings.probeV6, "fd16::8");
+
+  struct Case {
+    std::vector<std::string> args;
+    const char* msg;
+  } cases[] = {
+      {{"--host-probe-snat-ip", "fd16::1"},
+       "--host-probe-snat-ip: 'fd16::1' is not an IPv4 address (see sluiced --help)"},
+      {{"--host-probe-snat-ipv6", "169.254.7.127"},
+       "--host-probe-snat-ipv6: '169.254.7.127' is not an IPv6 address (see sluiced --help)"},
+      {{"--host-probe-snat-ip", "127.0.0.1"},
+       "--host-probe-snat-ip: '127.0.0.1' cannot be a probe source (unspecified, loopback or multicast) (see sluiced "
+       "--help)"},
+      {{"--host-probe-snat-ipv6", "::"},
+       "--host-probe-snat-ipv6: '::' cannot be a probe source (unspecified, loopback or multicast) (see sluiced "
+       "--help)"},
+      {{"--host-probe-snat-ip", "224.0.0.1"},
+       "--host-probe-snat-ip: '224.0.0.1' cannot be a probe source (unspecified, loopback or multicast) (see "
+       "sluiced --help)"},
+  };
+  for (const auto& c : cases) {
+    auto r = parseDaemonArgs(c.args, none);
+    ASSERT_FALSE(r.ok()) << c.args[1];
+    EXPECT_EQ(r.error().message, c.msg);
+  }
+  auto badEnv = parseDaemonArgs({}, [](const char* n) -> std::optional<std::string> {
+    if (std::string(n) == "HOST_PROBE_SNAT_IP") return "node-ip";
+    return std::nullopt;
+  });
+  ASSERT_FALSE(badEnv.ok());
+  EXPECT_EQ(badEnv.error().message, "$HOST_PROBE_SNAT_IP: 'node-ip' is not an IPv4 address (see sluiced --help)");
+}
+
 // The environment of a process outside Kubernetes (nothing set), and of a
 // DaemonSet pod (the service's host and the downward API's NODE_NAME).
 std::optional<std::string> noEnv(const char*) { return std::nullopt; }

@@ -1,7 +1,12 @@
 #include "userspace/agent/options.h"
 
-#include <algorithm>
+#include <sys/socket.h>
 
+#include <algorithm>
+#include <optional>
+#include <tuple>
+
+#include "enroll/settings.h"
 #include "userspace/api/logging.h"
 
 namespace sluice::agent {
@@ -21,6 +26,7 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                [--max-connections N] [--request-deadline-ms MS] [--wedged-after-ms MS]
                [--remove-node-taint [--node-taint-key KEY]]
                [--daemonset NAME [--daemonset-namespace NS] --cni-bin-dir DIR]
+               [--host-probe-snat-ip IPV4] [--host-probe-snat-ipv6 IPV6]
                [Kubernetes flags, below]
 
   --bpffs DIR              bpffs root of the pinned state (default /sys/fs/bpf/sluice)
@@ -95,6 +101,13 @@ usage: sluiced [--bpffs DIR] [--socket PATH] [--metrics-address HOST:PORT]
                            Needs Kubernetes, --cni-conf-dir and --cni-bin-dir
   --daemonset-namespace NS its namespace (default $POD_NAMESPACE)
   --cni-bin-dir DIR        the CNI bin dir sluice-cni was copied to (--daemonset)
+  --host-probe-snat-ip A   the source of the node's probes to its pods, which
+                           the pods let past the proxy (default 169.254.7.127;
+                           $HOST_PROBE_SNAT_IP, Istio's name, when not given).
+                           Pods enrolled under another address must be removed
+                           first: the agent refuses to start otherwise
+  --host-probe-snat-ipv6 A the same for IPv6 (default fd16:9254:7127:1337:ffff:
+                           ffff:ffff:ffff; $HOST_PROBE_SNAT_IPV6)
   --version                print the version
 
 )") + kubeUsage() + R"(
@@ -110,6 +123,7 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
   DaemonArgs d;
   bool cniModeSet = false;
   bool nodeTaintKeyGiven = false;
+  std::optional<std::string> probeV4, probeV6;  // --host-probe-snat-ip[v6]
   auto usageError = [](const std::string& m) { return Error::msg(m + " (see sluiced --help)", EINVAL); };
   for (size_t i = 0; i < args.size(); i++) {
     const std::string& flag = args[i];
@@ -157,7 +171,8 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
                                       "--ztunnel-socket", "--ztunnel-timeout-ms", "--cni-conf-dir",
                                       "--cni-agent-socket", "--max-connections", "--request-deadline-ms",
                                       "--wedged-after-ms", "--node-taint-key", "--daemonset",
-                                      "--daemonset-namespace", "--cni-bin-dir"};
+                                      "--daemonset-namespace", "--cni-bin-dir", "--host-probe-snat-ip",
+                                      "--host-probe-snat-ipv6"};
     if (std::none_of(std::begin(withValue), std::end(withValue), [&](const char* f) { return flag == f; }))
       return usageError("unknown option '" + flag + "'");
     if (i + 1 >= args.size()) return usageError("option " + flag + " needs a value");
@@ -212,6 +227,10 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
                          std::all_of(v.begin(), v.end(), [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-' || c == '.'; });
       if (!valid) return usageError("invalid " + flag + " '" + v + "' (expected a Kubernetes object name)");
       (flag == "--daemonset" ? d.agent.daemonSet : d.agent.daemonSetNamespace) = v;
+    } else if (flag == "--host-probe-snat-ip" || flag == "--host-probe-snat-ipv6") {
+      const bool v6 = flag == "--host-probe-snat-ipv6";
+      if (Status st = validateProbeAddr(v6 ? AF_INET6 : AF_INET, v, flag); !st.ok()) return usageError(st.error().message);
+      (v6 ? probeV6 : probeV4) = v;
     } else if (flag == "--cni-bin-dir") {
       if (v.empty() || v[0] != '/') return usageError("--cni-bin-dir needs an absolute path");
       d.agent.cniBinDir = v;
@@ -241,6 +260,20 @@ Result<DaemonArgs> parseDaemonArgs(const std::vector<std::string>& args, const E
     }
   }
   if (Status st = resolveKubeOptions(d.agent.kube, env); !st.ok()) return usageError(st.error().message);
+  // Istio's node agent reads the probe source from these (its chart's
+  // env), so a DaemonSet taken over from it keeps its choice.
+  for (auto [given, name, family, into] :
+       {std::tuple{&probeV4, "HOST_PROBE_SNAT_IP", AF_INET, &d.agent.datapath.settings.probeV4},
+        std::tuple{&probeV6, "HOST_PROBE_SNAT_IPV6", AF_INET6, &d.agent.datapath.settings.probeV6}}) {
+    if (!*given) {
+      if (auto e = env(name); e && !e->empty()) {
+        if (Status st = validateProbeAddr(family, *e, std::string("$") + name); !st.ok())
+          return usageError(st.error().message);
+        *given = *e;
+      }
+    }
+    if (*given) *into = **given;
+  }
   if (!d.agent.cniAgentSocket.empty() && d.agent.cniConfDir.empty())
     return usageError("--cni-agent-socket needs --cni-conf-dir");
   if (cniModeSet && d.agent.cniConfDir.empty()) return usageError("--cni-conf-name, --cni-owned-conflist[-name] and "

@@ -811,6 +811,7 @@ int run(const Command& cmd, std::ostream& out, std::ostream& err) {
   opts.tcMode = cmd.tcMode;
   opts.capture = cmd.capture;
   opts.cgroupPath = cmd.cgroupPath;
+  opts.adoptPinnedSettings = true;  // the agent's (say its probe addresses), not the defaults
   auto dp = Datapath::open(opts);
   if (!dp.ok()) return fail(dp.error());
   return execute(cmd, directBackend(**dp), out, err);
