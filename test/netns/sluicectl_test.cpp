@@ -7,6 +7,7 @@
 //   |   --bpffs /sys/fs/  |           | server    |<------>| stand-in (in this |
 //   |   bpf/sluice-t-P-N  |           |           |        |  test process)    |
 //   +---------------------+           +-----------+        +-------------------+
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,7 +19,10 @@
 #include <string>
 #include <vector>
 
+#include "enroll/datapath.h"
 #include "loader/features.h"
+#include "loader/netns.h"
+#include "loader/probe_hook.h"
 #include "test/common/istio_rules.h"
 #include "test/common/topology.h"
 
@@ -186,12 +190,22 @@ TEST_F(Sluicectl, PodCheckNamesProxyListenersTheLookupDoesNotKnow) {
   const std::string pin = bpffs_.root() + "/" + SLUICE_PIN_SOCK_LISTENERS;
   Fd map(::bpf_obj_get(pin.c_str()));
   ASSERT_TRUE(map.valid()) << pin << ": " << std::strerror(errno);
-  sluice_sock_listener_key k{}, next{};
-  std::vector<sluice_sock_listener_key> keys;
-  for (const void* prev = nullptr; ::bpf_map_get_next_key(map.get(), prev, &next) == 0; prev = &k) {
-    keys.push_back(next);
-    k = next;
-  }
+  // Only this pod's: the node's sockops hook keeps every proxy listener of
+  // the node, enrolled or not yet (other tests' stand-ins too).
+  Fd podNs(::open(topo.pod().path().c_str(), O_RDONLY | O_CLOEXEC));
+  ASSERT_TRUE(podNs.valid()) << std::strerror(errno);
+  auto cookie = netnsCookie(podNs.get());
+  ASSERT_TRUE(cookie.ok()) << cookie.error().message;
+  auto podKeys = [&] {
+    sluice_sock_listener_key k{}, next{};
+    std::vector<sluice_sock_listener_key> keys;
+    for (const void* prev = nullptr; ::bpf_map_get_next_key(map.get(), prev, &next) == 0; prev = &k) {
+      if (next.netns_cookie == *cookie) keys.push_back(next);
+      k = next;
+    }
+    return keys;
+  };
+  const auto keys = podKeys();
   ASSERT_FALSE(keys.empty());
   for (const auto& key : keys) ASSERT_EQ(::bpf_map_delete_elem(map.get(), &key), 0);
 
@@ -210,11 +224,50 @@ TEST_F(Sluicectl, PodCheckNamesProxyListenersTheLookupDoesNotKnow) {
   EXPECT_NE(text.out.find("2: the proxy's"), std::string::npos) << text.out;
 
   // Check changes nothing (the agent's sweep repairs: SocketRedirect.SweepRegistersListenersTheMapLost).
-  EXPECT_NE(::bpf_map_get_next_key(map.get(), nullptr, &next), 0) << "check registered something";
+  EXPECT_TRUE(podKeys().empty()) << "check registered something";
   auto usage = ctl(bpffs_.root(), {"pod", "check"});
   EXPECT_EQ(usage.exitCode, 2) << usage.describe();
   EXPECT_NE(usage.err.find("pod check needs --id NAME"), std::string::npos) << usage.err;
   EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", id}).exitCode, 0);
+}
+
+// sluicectl works beside the agent: it enrolls with the node's settings
+// the agent pinned (its --host-probe-snat-ip[v6], say), never replacing
+// them with its own defaults.
+TEST_F(Sluicectl, PodAddKeepsTheSettingsTheAgentPinned) {
+  Settings agents;
+  agents.probeV4 = "169.254.7.202";
+  agents.probeV6 = "fd16:9254:7127:1337::ca";
+  {
+    DatapathOptions o;
+    o.bpffsRoot = bpffs_.root();
+    o.settings = agents;
+    o.podGuard = false;
+    auto dp = Datapath::open(o);  // as the agent's start does, no pod yet
+    ASSERT_TRUE(dp.ok()) << dp.error().message;
+  }
+  PodTopology topo;
+  ASSERT_TRUE(topo.ok()) << topo.error();
+  auto add = ctl(bpffs_.root(), {"pod", "add", "--netns", topo.pod().path(), "--node-netns", topo.node().path()});
+  ASSERT_EQ(add.exitCode, 0) << add.describe();
+  const std::string pin = bpffs_.root() + "/" + SLUICE_PIN_SETTINGS;
+  Fd fd(::bpf_obj_get(pin.c_str()));
+  ASSERT_TRUE(fd.valid()) << pin << ": " << std::strerror(errno);
+  const uint32_t zero = 0;
+  sluice_settings now{};
+  ASSERT_EQ(::bpf_map_lookup_elem(fd.get(), &zero, &now), 0) << std::strerror(errno);
+  EXPECT_EQ(decodeSettings(now).probeV4, agents.probeV4);
+  EXPECT_EQ(decodeSettings(now).probeV6, agents.probeV6);
+  std::vector<std::string> missing;
+  Status st = topo.node().run([&]() -> Status {
+    missing = checkProbeAddrs(agents.probeV4, agents.probeV6);
+    return {};
+  });
+  ASSERT_TRUE(st.ok()) << st.error().message;
+  EXPECT_TRUE(missing.empty()) << "the node side added the agent's addresses: " << missing.at(0);
+  auto check = ctl(bpffs_.root(), {"pod", "check", "--id", topo.pod().name()});
+  EXPECT_EQ(check.exitCode, 0) << check.describe();
+  EXPECT_EQ(ctl(bpffs_.root(), {"pod", "remove", "--id", topo.pod().name()}).exitCode, 0);
 }
 
 // pod remove --netns finds the pod by its namespace.
