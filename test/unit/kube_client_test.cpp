@@ -185,7 +185,7 @@ TEST_F(KubeClient, WatchStreamsEventsInOrderWithBookmarks) {
   auto list = client_->list(podsPath(), ListOptions{.fieldSelector = "spec.nodeName=node-a"});
   ASSERT_TRUE(list.ok());
   std::vector<std::string> seen;
-  std::atomic<bool> opened{false};
+  std::atomic<bool> opened{false}, bookmarked{false};
   std::thread changer([&] {
     // The bookmark fault reaches only watches the server holds: wait for
     // this one to be open (a fixed sleep lost the race on a loaded machine).
@@ -194,6 +194,10 @@ TEST_F(KubeClient, WatchStreamsEventsInOrderWithBookmarks) {
     EXPECT_TRUE(server_->patchPod("shop", "w1", {{"metadata", {{"labels", {{"x", "1"}}}}}}).ok());
     EXPECT_TRUE(server_->createPod(pod("other", "node-b")).ok());  // filtered out
     EXPECT_TRUE(server_->fault({{"bookmark", true}}).ok());
+    // The server sends what changed before the bookmark it was asked for:
+    // a deletion that lands before the bookmark went out would come first.
+    for (int i = 0; i < 500 && !bookmarked; i++) std::this_thread::sleep_for(10ms);
+    EXPECT_TRUE(bookmarked) << "no bookmark arrived";
     EXPECT_TRUE(server_->deletePod("shop", "w1").ok());
   });
   WatchOptions o{.fieldSelector = "spec.nodeName=node-a", .resourceVersion = list->resourceVersion, .stallTimeout = 5s};
@@ -205,6 +209,7 @@ TEST_F(KubeClient, WatchStreamsEventsInOrderWithBookmarks) {
     std::string what = toString(ev.type);
     if (ev.type != WatchEventType::Bookmark) what += " " + ev.object["metadata"]["name"].get<std::string>();
     seen.push_back(what);
+    if (ev.type == WatchEventType::Bookmark) bookmarked = true;
     return ev.type != WatchEventType::Deleted;
   });
   changer.join();
