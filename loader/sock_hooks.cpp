@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <memory>
 #include <set>
@@ -80,6 +81,28 @@ Result<bool> ensureSharedLookup(PodPrograms& p, bool replace) {
   return true;
 }
 
+// BPF_F_BEFORE without an anchor: the front of the cgroup's list for that
+// hook (Linux 6.16+; the uapi of this build may predate it).
+constexpr uint32_t kBpfFBefore = 1U << 3;
+
+// Links @p progFd at @p cgFd in front of every program already there, so
+// that sluice runs before another owner's (a CNI's connect-time load
+// balancer attached when the node booted); a kernel without ordered cgroup
+// links (EINVAL) appends, as every kernel did. -1 with errno on failure.
+int linkFirst(int progFd, int cgFd, int attachType) {
+  static std::atomic<int> ordered{-1};  // -1 unknown, 0 no, 1 yes
+  if (ordered.load() != 0) {
+    LIBBPF_OPTS(bpf_link_create_opts, o, .flags = kBpfFBefore);
+    int fd = bpf_link_create(progFd, cgFd, static_cast<enum bpf_attach_type>(attachType), &o);
+    if (fd >= 0 || errno != EINVAL || ordered.load() == 1) {
+      if (fd >= 0) ordered = 1;
+      return fd;
+    }
+    ordered = 0;
+  }
+  return bpf_link_create(progFd, cgFd, static_cast<enum bpf_attach_type>(attachType), nullptr);
+}
+
 }  // namespace
 
 std::vector<NodeHook> nodeHooks(const PodPrograms& p) {
@@ -146,7 +169,7 @@ Result<NodeHooksReport> ensureCgroupLinks(const std::string& root, const std::st
       }
       continue;
     }
-    int fd = bpf_link_create(h.progFd, cg.get(), static_cast<enum bpf_attach_type>(h.attachType), nullptr);
+    int fd = linkFirst(h.progFd, cg.get(), h.attachType);
     if (fd < 0) {
       int err = errno;
       undo();
@@ -179,6 +202,40 @@ Result<NodeHooksReport> ensureNodeHooks(const std::string& root, const std::stri
   SLUICE_TRY(report);
   if (*shared && replace) report->replaced++;
   return report;
+}
+
+std::vector<ForeignHookAhead> foreignHooksAhead(const std::string& root, const std::string& cgroupPath) {
+  std::vector<ForeignHookAhead> out;
+  // Every program of sluice's node links (the probe hook's connect4/6 too).
+  std::set<uint32_t> ours;
+  if (DIR* d = ::opendir(nodeDir(root).c_str())) {
+    while (dirent* e = ::readdir(d))
+      if (e->d_name[0] != '.')
+        if (LinkState s = linkState(nodeDir(root) + "/" + e->d_name); s.pinned && s.progId) ours.insert(s.progId);
+    ::closedir(d);
+  }
+  Fd cg(::open(cgroupPath.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (!cg.valid()) return out;
+  const std::pair<const char*, int> hooks[] = {{"connect4", BPF_CGROUP_INET4_CONNECT},
+                                               {"connect6", BPF_CGROUP_INET6_CONNECT},
+                                               {"sendmsg4", BPF_CGROUP_UDP4_SENDMSG},
+                                               {"sendmsg6", BPF_CGROUP_UDP6_SENDMSG}};
+  for (const auto& [name, type] : hooks) {
+    LinkState mine = linkState(nodeDir(root) + "/" + name);
+    if (!mine.pinned || !mine.progId) continue;
+    __u32 ids[64] = {}, count = 64, flags = 0;
+    if (bpf_prog_query(cg.get(), static_cast<enum bpf_attach_type>(type), 0, &flags, ids, &count) != 0) continue;
+    for (__u32 i = 0; i < count && ids[i] != mine.progId; i++) {
+      if (ours.count(ids[i])) continue;
+      ForeignHookAhead f{name, ids[i], ""};
+      Fd prog(bpf_prog_get_fd_by_id(ids[i]));
+      bpf_prog_info info{};
+      __u32 len = sizeof(info);
+      if (prog.valid() && bpf_obj_get_info_by_fd(prog.get(), &info, &len) == 0) f.progName = info.name;
+      out.push_back(f);
+    }
+  }
+  return out;
 }
 
 std::vector<std::string> checkCgroupLinks(const std::string& root, const std::string& cgroupPath,

@@ -79,6 +79,25 @@ bool nodeLinksPinned(const std::string& root, const std::vector<std::string>& na
 /// Detaches and unpins node link @p name under @p root (absent: success).
 Status detachNodeLink(const std::string& root, const std::string& name);
 
+/// Another owner's program at a cgroup hook that chooses a socket's
+/// destination, running before sluice's there.
+struct ForeignHookAhead {
+  std::string hook;  ///< "connect4", "connect6", "sendmsg4", "sendmsg6"
+  uint32_t progId = 0;
+  std::string progName;
+};
+
+/// The programs attached at @p cgroupPath that run before the socket
+/// mode's node hooks pinned under @p root, on the hooks that choose a
+/// socket's destination: a connect-time load balancer there (Cilium's or
+/// Calico's socket LB) translates a service address inside an enrolled pod
+/// before sluice records it, and the proxy sees the backend. sluice links
+/// its hooks in front where the kernel orders cgroup links (Linux 6.16+);
+/// on older kernels whoever attached first runs first. Empty when sluice's
+/// are first or not attached. (Programs at a pod's own, deeper cgroups
+/// run before the node's: not looked at.)
+std::vector<ForeignHookAhead> foreignHooksAhead(const std::string& root, const std::string& cgroupPath);
+
 /// Whether any of the socket mode's node hooks is pinned under @p root.
 bool nodeHooksPinned(const std::string& root);
 

@@ -413,8 +413,29 @@ BpffsReport inspectBpffsForStatus(const Command& cmd, const std::optional<agent:
   }
   b.programs = inspectProgramPins(cmd.bpffsRoot);
   b.podGuard = podGuardState(cmd.bpffsRoot);
+  if (auto cg = nodeHookCgroup(cmd.cgroupPath); cg.ok()) {
+    b.hookCgroup = *cg;
+    b.foreignAhead = foreignHooksAhead(cmd.bpffsRoot, *cg);
+  }
   return b;
 }
+
+namespace {
+
+// The neighbours line: "" when sluice's node hooks run first (or are not
+// attached), else the programs ahead of them and what that means.
+std::string describeNeighbours(const BpffsReport& b) {
+  if (b.foreignAhead.empty()) return "";
+  std::string s;
+  for (const auto& f : b.foreignAhead)
+    s += (s.empty() ? "" : ", ") + f.hook + ": program " + std::to_string(f.progId) +
+         (f.progName.empty() ? "" : " (" + f.progName + ")");
+  return s + " run(s) before sluice's at " + b.hookCgroup +
+         ": an address it translates inside an enrolled pod (a service's, by a connect-time load balancer) reaches "
+         "the proxy as the translated one (Cilium: socketLB.hostNamespaceOnly=true; docs/neighbours.md)";
+}
+
+}  // namespace
 
 namespace {
 
@@ -559,6 +580,12 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
                        {"program_ids", pp.programIds},
                        {"problem", pp.problem.empty() ? nlohmann::json(nullptr) : nlohmann::json(pp.problem)},
                        {"describe", describePrograms(pp)}};
+      nlohmann::json ahead = nlohmann::json::array();
+      for (const auto& f : bpffs->foreignAhead)
+        ahead.push_back({{"hook", f.hook}, {"program_id", f.progId}, {"program_name", f.progName}});
+      j["neighbours"] = {{"cgroup", bpffs->hookCgroup},
+                         {"ahead_of_sluice", ahead},
+                         {"describe", describeNeighbours(*bpffs)}};
       j["pod_guard"] = {{"active", bpffs->podGuard.active},
                         {"why", bpffs->podGuard.why.empty() ? nlohmann::json(nullptr) : nlohmann::json(bpffs->podGuard.why)}};
       j["agent"] = nullptr;
@@ -608,6 +635,7 @@ std::string formatStatus(const FeatureReport& r, TcMode requested, bool json, co
               : "INACTIVE: " + bpffs->podGuard.why +
                     "; apps holding CAP_NET_RAW can send frames past the proxy (README, \"Fail closed\")")
       << "\n";
+    if (std::string n = describeNeighbours(*bpffs); !n.empty()) o << "neighbours         WARNING: " << n << "\n";
     o << "agent              "
       << (bpffs->agent ? describeAgentBpffs(*bpffs->agent) : "none answers at " + bpffs->socket) << "\n";
     if (bpffs->agent) o << "ready              " << describeAgentReady(*bpffs->agent) << "\n";

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loader/sock_hooks.h"
 #include "loader/bpffs.h"
 #include "enroll/datapath.h"
 #include "istio/state.h"
@@ -84,6 +85,8 @@ struct BpffsReport {
   std::optional<agent::Health> agent;  ///< nullopt: no agent answers
   PinnedProgramsInfo programs;         ///< the programs pinned under root
   PodGuardReport podGuard;             ///< the BPF LSM guard under root (loader/pod_guard.h)
+  std::string hookCgroup;              ///< where the node hooks attach (--cgroup, or the root)
+  std::vector<ForeignHookAhead> foreignAhead;  ///< other programs running before them (loader/sock_hooks.h)
 };
 
 /// Fills BpffsReport for cmd's --bpffs (this process's view) and the
