@@ -30,6 +30,13 @@ mount -t cgroup2 cgroup2 /sys/fs/cgroup
 # modprobe, which reads the tree of the booted kernel.
 mkdir -p /lib/modules && mount --bind "$SLUICE_MODULES" /lib/modules
 ip link set lo up
+# Under emulation, a static key's switch patches kernel text through int3
+# while the other vCPU runs it: the first clsact added (or the last
+# removed) by one test shard while the other received packets froze both
+# vCPUs in __netif_receive_skb_core for good (RCU stall, no recovery in
+# 10 min). A clsact on a dummy device kept for the guest's life holds the
+# TC ingress and egress keys on, so no test switches them.
+ip link add vm-tc-keys type dummy && tc qdisc add dev vm-tc-keys clsact
 echo "sluice-vm: $(uname -r), userspace after $(cat "$OUT/boot-seconds")s"
 "$SLUICE_BUILD/sluicectl" status
 # Under emulation everything runs many times slower than on hardware: the
