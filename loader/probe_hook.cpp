@@ -207,10 +207,11 @@ Status ensureProbeAddrs(const std::string& v4, const std::string& v6) {
   const uint8_t* probeV6 = a->v6;
   // An address the node already has (say its own, --host-probe-snat-ip
   // set to the node's IP) is not added to lo a second time.
-  if (isLocal(AF_INET, &probeV4) && isLocal(AF_INET6, probeV6)) return {};
-  int err = isLocal(AF_INET, &probeV4) ? 0 : addrRequest(RTM_NEWADDR, AF_INET, &probeV4);
+  const bool have4 = isLocal(AF_INET, &probeV4), have6 = isLocal(AF_INET6, probeV6);
+  if (have4 && have6) return {};
+  int err = have4 ? 0 : addrRequest(RTM_NEWADDR, AF_INET, &probeV4);
   if (err && err != EEXIST) return Error::fromErrno(err, "add the probe address " + addrText(AF_INET, &probeV4) + " to lo");
-  if (!ipv6Enabled() || isLocal(AF_INET6, probeV6)) return {};
+  if (!ipv6Enabled() || have6) return {};
   err = addrRequest(RTM_NEWADDR, AF_INET6, probeV6);
   if (err == EACCES) return {};  // IPv6 disabled on lo: no IPv6 probes here
   if (err && err != EEXIST) return Error::fromErrno(err, "add the probe address " + addrText(AF_INET6, probeV6) + " to lo");
